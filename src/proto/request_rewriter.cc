@@ -1,0 +1,150 @@
+#include "proto/request_rewriter.h"
+
+#include <llhttp.h>
+
+#include <algorithm>
+#include <cctype>
+
+namespace proto {
+namespace {
+
+bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+}  // namespace
+
+struct RequestStreamRewriter::Llhttp {
+  llhttp_t parser{};
+  llhttp_settings_t settings{};
+  RequestStreamRewriter* owner = nullptr;
+
+  static RequestStreamRewriter& self(llhttp_t* p) { return *static_cast<Llhttp*>(p->data)->owner; }
+  static int onMessageBegin(llhttp_t* p) {
+    auto& s = self(p);
+    s.last_was_value_ = false;
+    s.method_.clear();
+    s.url_.clear();
+    s.headers_.clear();
+    return 0;
+  }
+  static int onMethod(llhttp_t* p, const char* at, size_t n) {
+    self(p).method_.append(at, n);
+    return 0;
+  }
+  static int onUrl(llhttp_t* p, const char* at, size_t n) {
+    self(p).url_.append(at, n);
+    return 0;
+  }
+  static int onHeaderField(llhttp_t* p, const char* at, size_t n) {
+    auto& s = self(p);
+    if (s.last_was_value_ || s.headers_.empty()) {
+      if (s.headers_.size() >= kMaxHeaderFields) return HPE_USER;
+      s.headers_.emplace_back();
+      s.last_was_value_ = false;
+    }
+    s.headers_.back().first.append(at, n);
+    return 0;
+  }
+  static int onHeaderValue(llhttp_t* p, const char* at, size_t n) {
+    auto& s = self(p);
+    s.last_was_value_ = true;
+    s.headers_.back().second.append(at, n);
+    return 0;
+  }
+  static int onHeadersComplete(llhttp_t* p) {
+    self(p).head_done_ = true;
+    return HPE_PAUSED;  // the head is re-emitted before any body byte is copied
+  }
+  static int onMessageComplete(llhttp_t* p) {
+    self(p).message_done_ = true;
+    return HPE_PAUSED;  // body bytes end here: what follows is the next head, to be rewritten
+  }
+};
+
+RequestStreamRewriter::RequestStreamRewriter(std::string header_name, std::string header_value)
+    : llhttp_(std::make_unique<Llhttp>()),
+      header_name_(std::move(header_name)),
+      header_value_(std::move(header_value)) {
+  llhttp_->owner = this;
+  llhttp_settings_init(&llhttp_->settings);
+  llhttp_->settings.on_message_begin = &Llhttp::onMessageBegin;
+  llhttp_->settings.on_method = &Llhttp::onMethod;
+  llhttp_->settings.on_url = &Llhttp::onUrl;
+  llhttp_->settings.on_header_field = &Llhttp::onHeaderField;
+  llhttp_->settings.on_header_value = &Llhttp::onHeaderValue;
+  llhttp_->settings.on_headers_complete = &Llhttp::onHeadersComplete;
+  llhttp_->settings.on_message_complete = &Llhttp::onMessageComplete;
+  llhttp_init(&llhttp_->parser, HTTP_REQUEST, &llhttp_->settings);
+  llhttp_->parser.data = llhttp_.get();
+}
+
+RequestStreamRewriter::~RequestStreamRewriter() = default;
+
+void RequestStreamRewriter::emitHead(std::string* out) {
+  const llhttp_t& p = llhttp_->parser;
+  out->append(method_).append(" ").append(url_).append(" HTTP/");
+  out->append(std::to_string(p.http_major)).append(".").append(std::to_string(p.http_minor));
+  out->append("\r\n");
+  for (const auto& [name, value] : headers_) {
+    if (iequals(name, header_name_)) continue;
+    out->append(name).append(": ").append(value).append("\r\n");
+  }
+  if (!header_value_.empty())
+    out->append(header_name_).append(": ").append(header_value_).append("\r\n");
+  out->append("\r\n");
+  ++requests_;
+}
+
+RequestStreamRewriter::Status RequestStreamRewriter::feed(std::string_view data, std::string* out) {
+  if (status_ != Status::kOk) return status_;
+  while (!data.empty()) {
+    if (passthrough_) {
+      out->append(data);
+      return status_;
+    }
+    const llhttp_errno_t err = llhttp_execute(&llhttp_->parser, data.data(), data.size());
+    size_t used = data.size();
+    if (err == HPE_PAUSED || err == HPE_PAUSED_UPGRADE) {
+      used = static_cast<size_t>(llhttp_get_error_pos(&llhttp_->parser) - data.data());
+    } else if (err != HPE_OK) {
+      error_ =
+          err == HPE_USER ? "too many header fields" : llhttp_get_error_reason(&llhttp_->parser);
+      return status_ = err == HPE_USER ? Status::kTooLarge : Status::kMalformed;
+    }
+    // Each pause splits the stream exactly at a head/body boundary, so a segment is either
+    // all head (parsed into fields, re-emitted rewritten) or all body (copied as sent).
+    if (in_head_) {
+      head_bytes_ += used;
+      if (head_bytes_ > kMaxRequestHeadBytes) {
+        error_ = "request head too large";
+        return status_ = Status::kTooLarge;
+      }
+    } else {
+      out->append(data.substr(0, used));
+    }
+    if (head_done_) {
+      emitHead(out);
+      head_done_ = false;
+      in_head_ = false;
+    }
+    if (message_done_) {
+      message_done_ = false;
+      in_head_ = true;
+      head_bytes_ = 0;
+      if (llhttp_->parser.upgrade != 0) passthrough_ = true;
+    }
+    if (err == HPE_PAUSED_UPGRADE) {
+      passthrough_ = true;
+    } else if (err == HPE_PAUSED) {
+      llhttp_resume(&llhttp_->parser);
+    }
+    data.remove_prefix(used);
+  }
+  return status_;
+}
+
+}  // namespace proto
