@@ -1,0 +1,32 @@
+#pragma once
+// Every cap of the boundary, named beside its owner. Each one, when hit, is counted in
+// sam_box_limit_hits_total{limit="<label>"} and logged.
+
+#include <chrono>
+#include <cstddef>
+
+namespace sambox {
+
+/// Most tunnels (TCP, UDP and mesh) open at once; the next is answered 503 too-many-flows.
+inline constexpr size_t kMaxConcurrentFlows = 4096;
+/// Time allowed for the whole request head to arrive; then 408 header-timeout.
+inline constexpr std::chrono::milliseconds kHeadReadTimeout{10'000};
+/// Time allowed to resolve and connect upstream; then 504 connect-timeout.
+inline constexpr std::chrono::milliseconds kConnectTimeout{10'000};
+/// A connect-udp flow with no datagram either way for this long is closed.
+inline constexpr std::chrono::milliseconds kUdpIdleTimeout{60'000};
+/// Bytes moved per splice(2) call.
+inline constexpr size_t kSpliceChunkBytes = 64 * 1024;
+/// Read buffer of the userspace copies (mesh requests, capsules, request heads).
+inline constexpr size_t kReadBufferBytes = 16 * 1024;
+/// Longest credential token file read, in bytes.
+inline constexpr size_t kMaxTokenFileBytes = 16 * 1024;
+
+// Label values of sam_box_limit_hits_total.
+inline constexpr const char* kLimitMaxHeaderBytes = "max-header-bytes";
+inline constexpr const char* kLimitMaxConcurrentFlows = "max-concurrent-flows";
+inline constexpr const char* kLimitConnectTimeout = "connect-timeout";
+inline constexpr const char* kLimitHeadReadTimeout = "head-read-timeout";
+inline constexpr const char* kLimitUdpIdleTimeout = "udp-idle-timeout";
+
+}  // namespace sambox

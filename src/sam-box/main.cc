@@ -1,0 +1,142 @@
+// sam-box: the per-agent egress boundary (seed 003). `sam-box run …` serves named CONNECT and
+// connect-udp tunnels on a Unix socket and decides each by the name the agent asked for.
+
+#include "common/log.h"
+#include "sam-box/identity.h"
+#include "sam-box/options.h"
+#include "sam-box/server.h"
+
+#include <CLI/CLI.hpp>
+#include <asio/io_context.hpp>
+#include <asio/signal_set.hpp>
+#include <csignal>
+
+#include <iostream>
+
+namespace {
+
+constexpr int kExitConfig = 2;    // the configuration was refused
+constexpr int kExitIdentity = 3;  // the platform credential did not verify
+constexpr int kExitRuntime = 1;   // a listener could not be bound, or the loop failed
+
+void fail(const std::string& what, const std::string& reason) {
+  common::log::error(what, {{"reason", reason}});
+}
+
+int run(const sambox::Flags& flags) {
+  common::log::init("sam-box", common::log::parseLevel(flags.log_level));
+  sambox::Config config;
+  try {
+    config = sambox::buildConfig(flags);
+  } catch (const std::exception& e) {
+    fail(std::string("refusing to start: ") + e.what(), "config");
+    return kExitConfig;
+  }
+  if (config.verifyCredential()) {
+    try {
+      const auto claims = sambox::verifyIdentity(config);
+      common::log::info(
+          "credential verified",
+          {{"issuer", claims.issuer}, {"subject", claims.subject}, {"agent", config.agentId()}});
+    } catch (const policy::CredentialError& e) {
+      fail(std::string("refusing to start: credential not accepted: ") + e.what(), e.reason());
+      return kExitIdentity;
+    }
+  } else if (config.bundle) {
+    common::log::warn(
+        "--insecure-unverified-bundle: the bundle is not checked against a platform credential, "
+        "so whoever can write " +
+            flags.bundle + " decides which agent this sandbox is",
+        {{"agent", config.agentId()}});
+  } else {
+    common::log::warn(
+        "no --bundle: this box asserts no agent identity; mesh.sam.alt is refused "
+        "(no-agent-identity) and only --egress-allow names are reachable");
+  }
+
+  asio::io_context io(1);
+  sambox::Server server(io, config);
+  try {
+    server.start();
+  } catch (const std::exception& e) {
+    fail(std::string("refusing to start: ") + e.what(), "listen");
+    return kExitRuntime;
+  }
+  asio::signal_set signals(io, SIGTERM, SIGINT);
+  signals.async_wait([&](const asio::error_code& ec, int signo) {
+    if (ec) return;
+    common::log::info("stopping", {{"signal", signo}});
+    server.stop();
+    io.stop();
+  });
+  std::vector<std::string> rules;
+  for (const auto& r : config.allowlist.rules()) rules.push_back(r.text());
+  common::log::info("ready", {{"socket", flags.socket},
+                              {"agent", config.agentId()},
+                              {"egress_allow", rules},
+                              {"sidecar_socket", flags.sidecar_socket},
+                              {"metrics_addr", flags.metrics_addr},
+                              {"ingress_listen", config.ingress ? flags.ingress_listen : ""}});
+  try {
+    io.run();
+  } catch (const std::exception& e) {
+    fail(std::string("event loop failed: ") + e.what(), "runtime");
+    server.stop();
+    return kExitRuntime;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);  // a peer that goes away is an ordinary end of a flow
+  CLI::App app{
+      "sam-box: the per-agent egress boundary. Serves named CONNECT and connect-udp "
+      "tunnels on a Unix socket and decides each by name."};
+  app.set_version_flag("--version", std::string("sam-box ") + COMPASS_VERSION);
+  app.require_subcommand(1);
+  sambox::Flags flags;
+  CLI::App* run_cmd = app.add_subcommand("run", "Run the boundary for one agent");
+  run_cmd->add_option("--socket", flags.socket, "Unix socket the sandbox's tunnels arrive on")
+      ->required();
+  run_cmd->add_option("--sidecar-socket", flags.sidecar_socket,
+                      "sam-node's API socket; mesh.sam.alt requests are forwarded there");
+  run_cmd->add_option("--bundle", flags.bundle, "Agent bundle (YAML, version v1)");
+  run_cmd->add_option("--credential-issuer", flags.credential_issuer,
+                      "OIDC issuer (https URL) of the platform credential");
+  run_cmd->add_option("--credential-audience", flags.credential_audience,
+                      "Audience the credential must name");
+  run_cmd->add_option("--credential-path", flags.credential_path, "Platform token file")
+      ->capture_default_str();
+  run_cmd->add_option("--credential-ca", flags.credential_ca,
+                      "PEM CA bundle for the issuer's HTTPS (default: system store)");
+  run_cmd->add_flag("--insecure-unverified-bundle", flags.insecure_unverified_bundle,
+                    "Skip the credential check: whoever can write the bundle decides the agent");
+  run_cmd->add_option("--metrics-addr", flags.metrics_addr,
+                      "Prometheus listener host:port (default: none)");
+  run_cmd->add_option("--egress-allow", flags.egress_allow,
+                      "Allowed name, *.name, name:port (repeatable; adds to the bundle's list)");
+  run_cmd
+      ->add_option("--ingress-listen", flags.ingress_listen,
+                   "host:port for requests to the bundle's `serves` service")
+      ->capture_default_str();
+  run_cmd->add_option("--agent-ingress-socket", flags.agent_ingress_socket,
+                      "Socket nano-init --ingress-socket serves (required with `serves`)");
+  run_cmd->add_option("--allow-destination", flags.allow_destination,
+                      "CIDR an allowed name may resolve into despite being loopback, link-local, "
+                      "multicast or unspecified (repeatable)");
+  run_cmd->add_option("--log-level", flags.log_level, "debug, info, warn or error")
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : kExitConfig;
+  }
+  try {
+    return run(flags);
+  } catch (const std::exception& e) {
+    std::cerr << "sam-box: " << e.what() << "\n";
+    return kExitConfig;
+  }
+}

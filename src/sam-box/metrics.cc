@@ -1,0 +1,76 @@
+#include "sam-box/metrics.h"
+
+#include <initializer_list>
+#include <utility>
+
+namespace sambox {
+namespace {
+
+std::string labels(std::initializer_list<std::pair<std::string_view, std::string_view>> kv) {
+  std::string out = "{";
+  for (const auto& [k, v] : kv) {
+    if (out.size() > 1) out += ',';
+    out.append(k).append("=\"").append(v).append("\"");
+  }
+  return out + "}";
+}
+
+void renderFamily(std::string* out, const char* name, const char* type, const char* help,
+                  const std::map<std::string, int64_t>& series) {
+  out->append("# HELP ").append(name).append(" ").append(help).append("\n");
+  out->append("# TYPE ").append(name).append(" ").append(type).append("\n");
+  for (const auto& [label_set, value] : series) {
+    out->append(name).append(label_set).append(" ").append(std::to_string(value)).append("\n");
+  }
+}
+
+}  // namespace
+
+Metrics::Metrics() {
+  // Pre-declare the common series at zero so dashboards and alerts see them before traffic.
+  for (const char* route : {"external", "mesh-entrypoint", "unresolved"}) {
+    for (const char* outcome : {"allowed", "denied", "error"}) {
+      flows_[labels({{"outcome", outcome}, {"route", route}})] = 0;
+    }
+    in_progress_[labels({{"route", route}})] = 0;
+  }
+}
+
+void Metrics::flow(std::string_view outcome, std::string_view route) {
+  ++flows_[labels({{"outcome", outcome}, {"route", route}})];
+}
+void Metrics::refusal(std::string_view reason) { ++refusals_[labels({{"reason", reason}})]; }
+void Metrics::bytes(std::string_view direction, std::string_view route, uint64_t n) {
+  bytes_[labels({{"direction", direction}, {"route", route}})] += static_cast<int64_t>(n);
+}
+void Metrics::inProgress(std::string_view route, int delta) {
+  in_progress_[labels({{"route", route}})] += delta;
+}
+void Metrics::limitHit(std::string_view limit) { ++limits_[labels({{"limit", limit}})]; }
+void Metrics::ingress(std::string_view outcome) { ++ingress_[labels({{"outcome", outcome}})]; }
+
+int64_t Metrics::flowsInProgress() const {
+  int64_t total = 0;
+  for (const auto& [k, v] : in_progress_) total += v;
+  return total;
+}
+
+std::string Metrics::render() const {
+  std::string out;
+  renderFamily(&out, "sam_box_flows_total", "counter",
+               "Tunnels decided, by outcome (allowed, denied, error) and route.", flows_);
+  renderFamily(&out, "sam_box_refusals_total", "counter",
+               "Refused or failed tunnels, by stable reason (the Boundary-Reason header).",
+               refusals_);
+  renderFamily(&out, "sam_box_bytes_total", "counter",
+               "Bytes relayed, by direction (upstream = from the sandbox) and route.", bytes_);
+  renderFamily(&out, "sam_box_flows_in_progress", "gauge", "Tunnels open now, by route.",
+               in_progress_);
+  renderFamily(&out, "sam_box_limit_hits_total", "counter",
+               "Times a named limit of the boundary was hit.", limits_);
+  renderFamily(&out, "sam_box_ingress_requests_total", "counter",
+               "Inbound connections carried into the sandbox, by outcome.", ingress_);
+  return out;
+}
+
+}  // namespace sambox

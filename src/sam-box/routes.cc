@@ -1,0 +1,270 @@
+// The three ways an accepted tunnel leaves the boundary: external TCP (splice relay),
+// external UDP (connect-udp capsules <-> datagrams), and the mesh entrypoint (HTTP to the
+// node's API socket with the agent's identity asserted in X-Sam-Agent).
+
+#include "common/log.h"
+#include "policy/address.h"
+#include "proto/capsule.h"
+#include "proto/request_rewriter.h"
+#include "sam-box/limits.h"
+#include "sam-box/relay.h"
+#include "sam-box/server_internal.h"
+
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/ip/udp.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/write.hpp>
+
+#include <array>
+#include <vector>
+
+namespace sambox {
+
+using asio::use_awaitable;
+using asio::experimental::awaitable_operators::operator||;
+using asio::experimental::awaitable_operators::operator&&;
+
+namespace {
+
+/// The addresses `name` resolves to, or an error reason (resolve-failed, connect-timeout,
+/// forbidden-address). Every address must be permitted: a name with one address in
+/// forbidden space is refused outright, since no legitimate public name points there and
+/// trying "the other ones" would let a hostile resolver choose.
+template <typename Protocol>
+asio::awaitable<std::vector<typename Protocol::endpoint>> resolvePermitted(
+    asio::io_context& io, const Config& config, const Decision& d, asio::steady_timer& deadline,
+    const char** reason) {
+  typename Protocol::resolver resolver(io);
+  asio::error_code ec;
+  auto result = co_await (resolver.async_resolve(d.name, std::to_string(d.port),
+                                                 Protocol::resolver::numeric_service,
+                                                 asio::redirect_error(use_awaitable, ec)) ||
+                          deadline.async_wait(use_awaitable));
+  std::vector<typename Protocol::endpoint> endpoints;
+  if (result.index() == 1) {
+    *reason = kReasonConnectTimeout;
+    co_return endpoints;
+  }
+  if (ec || std::get<0>(result).empty()) {
+    *reason = kReasonResolveFailed;
+    co_return endpoints;
+  }
+  for (const auto& entry : std::get<0>(result)) {
+    if (!config.destinations.permits(entry.endpoint().address())) {
+      *reason = kReasonForbiddenAddress;
+      endpoints.clear();
+      co_return endpoints;
+    }
+    endpoints.push_back(entry.endpoint());
+  }
+  co_return endpoints;
+}
+
+}  // namespace
+
+asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
+  asio::steady_timer deadline(io_, kConnectTimeout);
+  const char* reason = nullptr;
+  const auto endpoints = co_await resolvePermitted<asio::ip::tcp>(
+      io_, config_, flow.record.decision, deadline, &reason);
+  if (endpoints.empty()) {
+    if (reason == kReasonConnectTimeout) metrics_.limitHit(kLimitConnectTimeout);
+    const bool forbidden = reason == kReasonForbiddenAddress;
+    co_await refuse(agent, flow, forbidden ? 403 : (reason == kReasonConnectTimeout ? 504 : 502),
+                    reason, !forbidden);
+    co_return;
+  }
+  TcpSocket upstream(io_);
+  bool connected = false;
+  bool timed_out = false;
+  for (const auto& ep : endpoints) {
+    asio::error_code ec;
+    upstream = TcpSocket(io_);
+    auto result = co_await (upstream.async_connect(ep, asio::redirect_error(use_awaitable, ec)) ||
+                            deadline.async_wait(use_awaitable));
+    if (result.index() == 1) {
+      timed_out = true;
+      break;
+    }
+    if (!ec) {
+      connected = true;
+      flow.record.address = ep.address().to_string();
+      break;
+    }
+  }
+  if (!connected) {
+    if (timed_out) metrics_.limitHit(kLimitConnectTimeout);
+    co_await refuse(agent, flow, timed_out ? 504 : 502,
+                    timed_out ? kReasonConnectTimeout : kReasonConnectFailed, true);
+    co_return;
+  }
+  upstream.set_option(asio::ip::tcp::no_delay(true));
+
+  asio::error_code ec;
+  co_await asio::async_write(agent, asio::buffer(proto::successResponse(flow.kind)),
+                             asio::redirect_error(use_awaitable, ec));
+  if (!ec && !flow.early_data.empty()) {
+    co_await asio::async_write(upstream, asio::buffer(flow.early_data),
+                               asio::redirect_error(use_awaitable, ec));
+    flow.record.bytes_up += flow.early_data.size();
+  }
+  flow.record.outcome = "allowed";
+  if (!ec) {
+    InProgress guard(metrics_, routeLabel(flow.record.decision.route));
+    co_await spliceBothWays(agent, upstream, flow.record.bytes_up, flow.record.bytes_down);
+  }
+  finishFlow(flow.record, metrics_);
+}
+
+asio::awaitable<void> Server::externalUdp(UnixSocket& agent, Flow& flow) {
+  asio::steady_timer deadline(io_, kConnectTimeout);
+  const char* reason = nullptr;
+  const auto endpoints = co_await resolvePermitted<asio::ip::udp>(
+      io_, config_, flow.record.decision, deadline, &reason);
+  if (endpoints.empty()) {
+    if (reason == kReasonConnectTimeout) metrics_.limitHit(kLimitConnectTimeout);
+    const bool forbidden = reason == kReasonForbiddenAddress;
+    co_await refuse(agent, flow, forbidden ? 403 : (reason == kReasonConnectTimeout ? 504 : 502),
+                    reason, !forbidden);
+    co_return;
+  }
+  asio::ip::udp::socket upstream(io_);
+  asio::error_code ec;
+  upstream.connect(endpoints.front(), ec);
+  if (ec) {
+    co_await refuse(agent, flow, 502, kReasonConnectFailed, true);
+    co_return;
+  }
+  flow.record.address = endpoints.front().address().to_string();
+  co_await asio::async_write(agent, asio::buffer(proto::successResponse(flow.kind)),
+                             asio::redirect_error(use_awaitable, ec));
+  flow.record.outcome = "allowed";
+  if (ec) {
+    finishFlow(flow.record, metrics_);
+    co_return;
+  }
+  InProgress guard(metrics_, routeLabel(flow.record.decision.route));
+  auto last_activity = std::chrono::steady_clock::now();
+
+  auto toUpstream = [&]() -> asio::awaitable<void> {
+    proto::CapsuleReader reader;
+    reader.append(flow.early_data);
+    std::array<char, kReadBufferBytes> buf{};
+    for (;;) {
+      for (auto s = reader.next(); s != proto::CapsuleReader::Status::kNeedMore;
+           s = reader.next()) {
+        if (s == proto::CapsuleReader::Status::kTooLarge) co_return;
+        asio::error_code send_ec;
+        co_await upstream.async_send(asio::buffer(reader.payload().data(), reader.payload().size()),
+                                     asio::redirect_error(use_awaitable, send_ec));
+        if (!send_ec) flow.record.bytes_up += reader.payload().size();
+        last_activity = std::chrono::steady_clock::now();
+      }
+      asio::error_code read_ec;
+      const size_t n = co_await agent.async_read_some(asio::buffer(buf),
+                                                      asio::redirect_error(use_awaitable, read_ec));
+      if (read_ec) co_return;
+      reader.append(std::string_view(buf.data(), n));
+    }
+  };
+  auto toAgent = [&]() -> asio::awaitable<void> {
+    std::vector<char> datagram(65536);
+    std::string capsule;
+    for (;;) {
+      asio::error_code recv_ec;
+      const size_t n = co_await upstream.async_receive(
+          asio::buffer(datagram), asio::redirect_error(use_awaitable, recv_ec));
+      if (recv_ec == asio::error::connection_refused) continue;  // ICMP unreachable: keep going
+      if (recv_ec) co_return;
+      capsule.clear();
+      proto::appendDatagramCapsule(std::string_view(datagram.data(), n), &capsule);
+      asio::error_code write_ec;
+      co_await asio::async_write(agent, asio::buffer(capsule),
+                                 asio::redirect_error(use_awaitable, write_ec));
+      if (write_ec) co_return;
+      flow.record.bytes_down += n;
+      last_activity = std::chrono::steady_clock::now();
+    }
+  };
+  auto idle = [&]() -> asio::awaitable<void> {
+    asio::steady_timer timer(io_);
+    for (;;) {
+      timer.expires_at(last_activity + kUdpIdleTimeout);
+      co_await timer.async_wait(use_awaitable);
+      if (std::chrono::steady_clock::now() >= last_activity + kUdpIdleTimeout) {
+        metrics_.limitHit(kLimitUdpIdleTimeout);
+        co_return;
+      }
+    }
+  };
+  co_await (toUpstream() || toAgent() || idle());
+  finishFlow(flow.record, metrics_);
+}
+
+asio::awaitable<void> Server::meshEntrypoint(UnixSocket& agent, Flow& flow) {
+  UnixSocket node(io_);
+  asio::error_code ec;
+  if (config_.flags.sidecar_socket.empty()) {
+    ec = asio::error::not_found;
+  } else {
+    co_await node.async_connect(
+        asio::local::stream_protocol::endpoint(config_.flags.sidecar_socket),
+        asio::redirect_error(use_awaitable, ec));
+  }
+  if (ec) {
+    common::log::warn("node API socket unreachable",
+                      {{"sidecar_socket", config_.flags.sidecar_socket}, {"error", ec.message()}});
+    co_await refuse(agent, flow, 502, kReasonNodeUnavailable, true);
+    co_return;
+  }
+  co_await asio::async_write(agent, asio::buffer(proto::successResponse(flow.kind)),
+                             asio::redirect_error(use_awaitable, ec));
+  flow.record.outcome = "allowed";
+  if (ec) {
+    finishFlow(flow.record, metrics_);
+    co_return;
+  }
+  InProgress guard(metrics_, routeLabel(flow.record.decision.route));
+
+  // Requests are rewritten (the sandbox never chooses its own X-Sam-Agent); responses are
+  // relayed untouched.
+  auto toNode = [&]() -> asio::awaitable<void> {
+    proto::RequestStreamRewriter rewriter("X-Sam-Agent", config_.agentId());
+    std::string out;
+    std::string_view pending = flow.early_data;
+    std::array<char, kReadBufferBytes> buf{};
+    for (;;) {
+      out.clear();
+      const auto status = rewriter.feed(pending, &out);
+      if (!out.empty()) {
+        co_await asio::async_write(node, asio::buffer(out), use_awaitable);
+        flow.record.bytes_up += out.size();
+      }
+      if (status != proto::RequestStreamRewriter::Status::kOk) {
+        common::log::warn("mesh request refused mid-stream",
+                          {{"agent", config_.agentId()}, {"error", rewriter.error()}});
+        throw asio::system_error(asio::error::invalid_argument, "mesh request stream");
+      }
+      asio::error_code read_ec;
+      const size_t n = co_await agent.async_read_some(asio::buffer(buf),
+                                                      asio::redirect_error(use_awaitable, read_ec));
+      if (read_ec == asio::error::eof) {
+        asio::error_code ignored;
+        node.shutdown(asio::socket_base::shutdown_send, ignored);
+        co_return;
+      }
+      if (read_ec) throw asio::system_error(read_ec);
+      pending = std::string_view(buf.data(), n);
+    }
+  };
+  try {
+    co_await (toNode() && spliceOneWay(node, agent, flow.record.bytes_down));
+  } catch (const std::exception&) {
+    asio::error_code ignored;
+    agent.close(ignored);
+    node.close(ignored);
+  }
+  finishFlow(flow.record, metrics_);
+}
+
+}  // namespace sambox

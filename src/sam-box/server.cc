@@ -1,0 +1,234 @@
+#include "sam-box/server.h"
+
+#include "common/log.h"
+#include "proto/tunnel_request.h"
+#include "sam-box/classify.h"
+#include "sam-box/limits.h"
+#include "sam-box/server_internal.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/read_until.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/write.hpp>
+
+#include <array>
+#include <cstring>
+#include <stdexcept>
+
+namespace sambox {
+
+using asio::use_awaitable;
+using asio::experimental::awaitable_operators::operator||;
+
+asio::local::stream_protocol::acceptor bindUnixListener(asio::io_context& io,
+                                                        const std::string& flag,
+                                                        const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      throw std::runtime_error(flag + " " + path + ": exists and is not a socket");
+    }
+    asio::local::stream_protocol::socket probe(io);
+    asio::error_code ec;
+    probe.connect(asio::local::stream_protocol::endpoint(path), ec);
+    if (!ec) throw std::runtime_error(flag + " " + path + ": in use by another process");
+    ::unlink(path.c_str());  // stale: its owner is gone
+  }
+  asio::local::stream_protocol::acceptor acceptor(io);
+  asio::error_code ec;
+  acceptor.open(asio::local::stream_protocol(), ec);
+  // 0600 from the first instant: umask is process-wide, but start-up is single-threaded.
+  const mode_t old_mask = ::umask(0177);
+  if (!ec) acceptor.bind(asio::local::stream_protocol::endpoint(path), ec);
+  ::umask(old_mask);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) throw std::runtime_error(flag + " " + path + ": " + ec.message());
+  return acceptor;
+}
+
+namespace {
+
+std::unique_ptr<asio::ip::tcp::acceptor> bindTcpListener(asio::io_context& io,
+                                                         const std::string& flag,
+                                                         const ListenAddress& addr) {
+  auto acceptor = std::make_unique<asio::ip::tcp::acceptor>(io);
+  const asio::ip::tcp::endpoint ep(asio::ip::make_address(addr.host), addr.port);
+  asio::error_code ec;
+  acceptor->open(ep.protocol(), ec);
+  if (!ec) acceptor->set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor->bind(ep, ec);
+  if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    throw std::runtime_error(flag + " " + addr.host + ":" + std::to_string(addr.port) + ": " +
+                             ec.message());
+  }
+  return acceptor;
+}
+
+}  // namespace
+
+Server::Server(asio::io_context& io, const Config& config) : io_(io), config_(config) {}
+
+void Server::start() {
+  if (config_.metrics) metrics_acceptor_ = bindTcpListener(io_, "--metrics-addr", *config_.metrics);
+  if (config_.ingress) {
+    ingress_acceptor_ = bindTcpListener(io_, "--ingress-listen", *config_.ingress);
+  }
+  tunnel_acceptor_ = std::make_unique<asio::local::stream_protocol::acceptor>(
+      bindUnixListener(io_, "--socket", config_.flags.socket));
+  asio::co_spawn(io_, acceptTunnels(), asio::detached);
+  if (metrics_acceptor_) asio::co_spawn(io_, acceptMetrics(), asio::detached);
+  if (ingress_acceptor_) asio::co_spawn(io_, acceptIngress(), asio::detached);
+}
+
+void Server::stop() {
+  asio::error_code ignored;
+  if (tunnel_acceptor_ && tunnel_acceptor_->is_open()) {
+    tunnel_acceptor_->close(ignored);
+    ::unlink(config_.flags.socket.c_str());
+  }
+  if (metrics_acceptor_) metrics_acceptor_->close(ignored);
+  if (ingress_acceptor_) ingress_acceptor_->close(ignored);
+}
+
+asio::awaitable<void> Server::acceptTunnels() {
+  while (tunnel_acceptor_->is_open()) {
+    asio::error_code ec;
+    UnixSocket agent =
+        co_await tunnel_acceptor_->async_accept(asio::redirect_error(use_awaitable, ec));
+    if (ec == asio::error::operation_aborted) co_return;
+    if (ec) {
+      common::log::warn("accept failed on --socket", {{"error", ec.message()}});
+      continue;
+    }
+    asio::co_spawn(io_, serveTunnel(std::move(agent)), asio::detached);
+  }
+}
+
+asio::awaitable<void> Server::refuse(UnixSocket& agent, Flow& flow, int status, const char* reason,
+                                     bool is_error) {
+  if (is_error) {
+    flow.record.fail(reason);
+  } else {
+    flow.record.refuse(reason);
+  }
+  asio::error_code ec;
+  co_await asio::async_write(agent, asio::buffer(proto::errorResponse(status, reason)),
+                             asio::redirect_error(use_awaitable, ec));
+  // Whatever the agent sent after the request head is dropped unread.
+  agent.close(ec);
+  finishFlow(flow.record, metrics_);
+}
+
+asio::awaitable<void> Server::serveTunnel(UnixSocket agent) {
+  Flow flow;
+  flow.record.agent = config_.agentId();
+  if (active_flows_ >= kMaxConcurrentFlows) {
+    metrics_.limitHit(kLimitMaxConcurrentFlows);
+    co_await refuse(agent, flow, 503, kReasonTooManyFlows, true);
+    co_return;
+  }
+  ++active_flows_;
+  struct Release {
+    size_t& n;
+    ~Release() { --n; }
+  } release{active_flows_};
+
+  proto::TunnelRequestParser parser;
+  std::array<char, kReadBufferBytes> buf{};
+  asio::steady_timer deadline(io_, kHeadReadTimeout);
+  auto status = proto::TunnelRequestParser::Status::kNeedMore;
+  size_t last_read = 0;
+  while (status == proto::TunnelRequestParser::Status::kNeedMore) {
+    asio::error_code ec;
+    auto result = co_await (
+        agent.async_read_some(asio::buffer(buf), asio::redirect_error(use_awaitable, ec)) ||
+        deadline.async_wait(use_awaitable));
+    if (result.index() == 1) {
+      metrics_.limitHit(kLimitHeadReadTimeout);
+      co_await refuse(agent, flow, 408, kReasonHeaderTimeout, false);
+      co_return;
+    }
+    if (ec) {
+      common::log::debug("agent closed before a complete request head", {{"error", ec.message()}});
+      co_return;
+    }
+    last_read = std::get<0>(result);
+    status = parser.feed(std::string_view(buf.data(), last_read));
+  }
+
+  using Status = proto::TunnelRequestParser::Status;
+  if (status == Status::kTooLarge) {
+    metrics_.limitHit(kLimitMaxHeaderBytes);
+    co_await refuse(agent, flow, 431, kReasonHeaderTooLarge, false);
+    co_return;
+  }
+  if (status == Status::kMalformed) {
+    flow.record.decision.name = parser.error();
+    co_await refuse(agent, flow, 400, kReasonMalformed, false);
+    co_return;
+  }
+  if (status == Status::kMethodNotAllowed) {
+    co_await refuse(agent, flow, 405, kReasonMethodNotAllowed, false);
+    co_return;
+  }
+
+  flow.kind = parser.request().kind;
+  flow.record.kind = flow.kind == proto::TunnelKind::kConnectUdp ? "udp" : "tcp";
+  flow.record.decision = classify(config_, flow.kind, parser.request().authority);
+  if (!flow.record.decision.allowed) {
+    co_await refuse(agent, flow, flow.record.decision.status, flow.record.decision.reason.c_str(),
+                    false);
+    co_return;
+  }
+  flow.early_data.assign(buf.data() + parser.consumed(), last_read - parser.consumed());
+  if (flow.record.decision.route == Route::kMeshEntrypoint) {
+    co_await meshEntrypoint(agent, flow);
+  } else if (flow.kind == proto::TunnelKind::kConnectUdp) {
+    co_await externalUdp(agent, flow);
+  } else {
+    co_await externalTcp(agent, flow);
+  }
+}
+
+asio::awaitable<void> Server::acceptMetrics() {
+  while (metrics_acceptor_->is_open()) {
+    asio::error_code ec;
+    TcpSocket client =
+        co_await metrics_acceptor_->async_accept(asio::redirect_error(use_awaitable, ec));
+    if (ec == asio::error::operation_aborted) co_return;
+    if (!ec) asio::co_spawn(io_, serveMetrics(std::move(client)), asio::detached);
+  }
+}
+
+asio::awaitable<void> Server::serveMetrics(TcpSocket client) {
+  std::string head;
+  asio::error_code ec;
+  asio::steady_timer deadline(io_, kHeadReadTimeout);
+  auto result =
+      co_await (asio::async_read_until(client, asio::dynamic_buffer(head, 8192), "\r\n\r\n",
+                                       asio::redirect_error(use_awaitable, ec)) ||
+                deadline.async_wait(use_awaitable));
+  if (result.index() == 1 || ec) co_return;
+  std::string response;
+  if (head.rfind("GET /metrics ", 0) == 0 || head.rfind("GET /metrics?", 0) == 0) {
+    const std::string body = metrics_.render();
+    response =
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  } else {
+    response =
+        "HTTP/1.1 404 Not Found\r\nContent-Length: 22\r\nConnection: close\r\n\r\n"
+        "only /metrics is here\n";
+  }
+  co_await asio::async_write(client, asio::buffer(response),
+                             asio::redirect_error(use_awaitable, ec));
+  client.shutdown(asio::socket_base::shutdown_both, ec);
+}
+
+}  // namespace sambox

@@ -1,0 +1,65 @@
+#pragma once
+// The boundary's listeners: the tunnel socket (--socket), the metrics endpoint
+// (--metrics-addr) and the ingress listener (--ingress-listen). One io_context thread runs
+// them all; each connection is one coroutine, and no flow has a thread of its own.
+
+#include "sam-box/metrics.h"
+#include "sam-box/options.h"
+
+#include <asio/awaitable.hpp>
+#include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/local/stream_protocol.hpp>
+
+#include <memory>
+#include <string>
+
+namespace sambox {
+
+/// Binds a Unix stream listener at `path` with mode 0600. A stale socket file (nobody
+/// accepting) is replaced; a live one, or a path that is not a socket, is refused.
+/// Throws std::runtime_error naming `flag`, the path and the errno text.
+asio::local::stream_protocol::acceptor bindUnixListener(asio::io_context& io,
+                                                        const std::string& flag,
+                                                        const std::string& path);
+
+class Server {
+ public:
+  Server(asio::io_context& io, const Config& config);
+  /// Binds every listener and starts accepting. Throws std::runtime_error naming the flag
+  /// of a listener that cannot be bound; nothing is left listening in that case.
+  void start();
+  /// Closes the listeners and removes the socket files it created. Open flows end when the
+  /// io_context stops.
+  void stop();
+  [[nodiscard]] Metrics& metrics() { return metrics_; }
+
+ private:
+  using UnixSocket = asio::local::stream_protocol::socket;
+  using TcpSocket = asio::ip::tcp::socket;
+
+  asio::awaitable<void> acceptTunnels();
+  asio::awaitable<void> acceptMetrics();
+  asio::awaitable<void> acceptIngress();
+  asio::awaitable<void> serveTunnel(UnixSocket agent);
+  asio::awaitable<void> serveMetrics(TcpSocket client);
+  asio::awaitable<void> serveIngress(TcpSocket client);
+
+  struct Flow;
+  asio::awaitable<void> externalTcp(UnixSocket& agent, Flow& flow);
+  asio::awaitable<void> externalUdp(UnixSocket& agent, Flow& flow);
+  asio::awaitable<void> meshEntrypoint(UnixSocket& agent, Flow& flow);
+  /// Sends the refusal (status + Boundary-Reason) and records the flow as denied/failed.
+  asio::awaitable<void> refuse(UnixSocket& agent, Flow& flow, int status, const char* reason,
+                               bool is_error);
+
+  asio::io_context& io_;
+  const Config& config_;
+  Metrics metrics_;
+  size_t active_flows_ = 0;
+  std::unique_ptr<asio::local::stream_protocol::acceptor> tunnel_acceptor_;
+  std::unique_ptr<asio::ip::tcp::acceptor> metrics_acceptor_;
+  std::unique_ptr<asio::ip::tcp::acceptor> ingress_acceptor_;
+};
+
+}  // namespace sambox
