@@ -1,0 +1,194 @@
+"""Identity: sam-box accepts a bundle only when the platform credential verifies against the
+issuer given by flag (OIDC discovery + JWKS over HTTPS with --credential-ca) and its subject
+is the bundle's agent.external_id. The issuer (oidc_issuer.TestIssuer) serves on 127.0.0.1
+inside the BOX namespace, where sam-box runs."""
+
+import re
+import time
+
+import pytest
+
+import boxlib
+from boxlib import AGENT_ID, EXTERNAL_ID, SamBox, bundle_yaml, error_text, \
+    expect_refusal_to_start, run_in_netns
+from oidc_issuer import TestIssuer
+
+AUD = "compass"
+
+
+def _start_in_box(topo, issuer):
+    # The listening socket is created by start() in a thread inside BOX's namespace.
+    run_in_netns(topo.box, issuer.start)
+    return issuer
+
+
+@pytest.fixture(scope="module")
+def issuer(topo, tmp_path_factory):
+    i = _start_in_box(topo, TestIssuer(tmp_path_factory.mktemp("oidc")))
+    yield i
+    i.stop()
+
+
+def cred_args(issuer, token_path, ca=None, audience=AUD):
+    return ["--credential-issuer", issuer.issuer_url, "--credential-audience", audience,
+            "--credential-path", str(token_path), "--credential-ca", ca or issuer.ca_path]
+
+
+def write_token(tmp_path, token):
+    p = tmp_path / "token"
+    p.write_text(token)
+    return p
+
+
+def std_bundle():
+    return bundle_yaml(allow=["api.example.com"])
+
+
+@pytest.mark.parametrize("kw", [
+    {},
+    {"alg": "ES256"},
+    {"aud": ["other", AUD]},
+    {"nbf": int(time.time()) - 60},
+], ids=["rs256", "es256", "aud-array", "nbf-past"])
+def test_valid_credential_starts(sam_box, issuer, tmp_path, kw):
+    n = len(issuer.requests)
+    token = write_token(tmp_path, issuer.mint(sub=EXTERNAL_ID, **kw))
+    b = sam_box(bundle=std_bundle(), args=cred_args(issuer, token))
+    seen = issuer.requests[n:]
+    assert "/.well-known/openid-configuration" in seen, seen
+    assert "/jwks" in seen, seen
+    # The verified identity is the one asserted on the mesh.
+    assert "insecure" not in b.stderr_text().lower()
+    resp, c = b.tunnel("api.example.com:80")
+    assert resp.status == 200, resp
+    c.close()
+    b.wait_flow_log(agent=AGENT_ID, outcome="allowed")
+
+
+def test_token_file_with_trailing_newline_starts(sam_box, issuer, tmp_path):
+    token = write_token(tmp_path, issuer.mint(sub=EXTERNAL_ID) + "\n")
+    sam_box(bundle=std_bundle(), args=cred_args(issuer, token))
+
+
+def _now():
+    return int(time.time())
+
+
+BAD_TOKENS = {
+    # id: (mint kwargs (or a callable issuer -> kwargs), regex the refusal must match)
+    "aud-string": ({"aud": "not-compass"}, r"\baud\b|audience"),
+    "aud-array": ({"aud": ["a", "b"]}, r"\baud\b|audience"),
+    "aud-missing": ({"aud": None}, r"\baud\b|audience"),
+    "alg-none": ({"alg": "none"}, r"\balg\b|algorithm|none"),
+    "alg-hs256-key-confusion": ({"alg": "HS256"}, r"\balg\b|algorithm|hs256"),
+    "expired": ({"exp": "past"}, r"\bexp\b|expired"),
+    "exp-missing": ({"exp": None}, r"\bexp\b|expir"),
+    "exp-string": ({"exp": "9999999999"}, r"\bexp\b|expir"),
+    "nbf-future": ({"nbf": "future"}, r"\bnbf\b|not before|not yet"),
+    "sub-mismatch": ({"sub": "system:serviceaccount:agents:intruder"},
+                     r"\bsub\b|subject|external_id"),
+    "sub-missing": ({"sub": None}, r"\bsub\b|subject|external_id"),
+    "kid-unknown": ({"kid": "no-such-kid"}, r"\bkid\b|key id|key"),
+    "wrong-key-same-kid": ({"sign_with": "other"}, r"signature"),
+    "es256-der-signature": ({"alg": "ES256", "ecdsa_der": True}, r"signature"),
+    "iss-mismatch": ({"iss": "https://127.0.0.1:1"}, r"\biss\b|issuer"),
+    "garbage": (None, r"token|jwt|credential|malformed|invalid"),
+}
+
+
+def _mint_bad(issuer, kw):
+    if kw is None:
+        return "not.a.jwt"
+    kw = dict(kw)
+    if kw.get("exp") == "past":
+        kw["exp"] = _now() - 120
+    if kw.get("nbf") == "future":
+        kw["nbf"] = _now() + 3600
+    kw.setdefault("sub", EXTERNAL_ID)
+    return issuer.mint(**kw)
+
+
+@pytest.mark.parametrize("case", list(BAD_TOKENS), ids=list(BAD_TOKENS))
+def test_bad_credential_refuses_to_start(topo, issuer, tmp_path, case):
+    kw, pattern = BAD_TOKENS[case]
+    token = write_token(tmp_path, _mint_bad(issuer, kw))
+    rc, err = expect_refusal_to_start(topo, bundle=std_bundle(),
+                                      args=cred_args(issuer, token))
+    assert re.search(pattern, error_text(err)), \
+        f"refusal does not name the reason ({pattern}):\n{err}"
+
+
+def test_wrong_audience_flag_refuses(topo, issuer, tmp_path):
+    token = write_token(tmp_path, issuer.mint(sub=EXTERNAL_ID))
+    rc, err = expect_refusal_to_start(topo, bundle=std_bundle(),
+                                      args=cred_args(issuer, token, audience="someone-else"))
+    assert re.search(r"\baud\b|audience", error_text(err)), err
+
+
+def test_issuer_certificate_from_another_ca_refuses(topo, issuer, tmp_path):
+    token = write_token(tmp_path, issuer.mint(sub=EXTERNAL_ID))
+    rc, err = expect_refusal_to_start(topo, bundle=std_bundle(),
+                                      args=cred_args(issuer, token, ca=issuer.other_ca_path))
+    assert re.search(r"certificate|tls|ssl|x509|verif|handshake", error_text(err)), err
+
+
+def test_discovery_naming_another_issuer_refuses(topo, tmp_path):
+    liar = _start_in_box(topo, TestIssuer(tmp_path / "liar",
+                                          advertise_issuer="https://issuer.invalid"))
+    try:
+        token = write_token(tmp_path, liar.mint(sub=EXTERNAL_ID))
+        rc, err = expect_refusal_to_start(topo, bundle=std_bundle(),
+                                          args=cred_args(liar, token))
+        assert re.search(r"\biss\b|issuer", error_text(err)), err
+    finally:
+        liar.stop()
+
+
+def test_missing_token_file_refuses(topo, issuer, tmp_path):
+    missing = tmp_path / "no-token"
+    rc, err = expect_refusal_to_start(topo, bundle=std_bundle(),
+                                      args=cred_args(issuer, missing))
+    assert "no-token" in err or "credential-path" in err.lower(), err
+
+
+def test_unreachable_issuer_refuses(topo, issuer, tmp_path):
+    token = write_token(tmp_path, issuer.mint(sub=EXTERNAL_ID))
+    port = boxlib.netns_free_port(topo.box)
+    args = cred_args(issuer, token)
+    args[1] = f"https://127.0.0.1:{port}"
+    rc, err = expect_refusal_to_start(topo, bundle=std_bundle(), args=args)
+    assert re.search(r"issuer|discovery|connect|oidc", error_text(err)), err
+
+
+def test_jwks_failure_refuses(topo, tmp_path):
+    broken = _start_in_box(topo, TestIssuer(tmp_path / "broken"))
+    try:
+        broken.set_response("/jwks", "oops", status=500, content_type="text/plain")
+        token = write_token(tmp_path, broken.mint(sub=EXTERNAL_ID))
+        rc, err = expect_refusal_to_start(topo, bundle=std_bundle(),
+                                          args=cred_args(broken, token))
+        assert re.search(r"jwks|500|key", error_text(err)), err
+    finally:
+        broken.stop()
+
+
+def test_bundle_without_credential_flags_or_insecure_refuses(topo):
+    rc, err = expect_refusal_to_start(topo, bundle=std_bundle())
+    assert re.search(r"credential|insecure-unverified-bundle", error_text(err)), err
+
+
+def test_bundle_to_verify_needs_external_id(topo, issuer, tmp_path):
+    token = write_token(tmp_path, issuer.mint(sub=EXTERNAL_ID))
+    rc, err = expect_refusal_to_start(
+        topo, bundle=bundle_yaml(external_id=None, allow=["api.example.com"]),
+        args=cred_args(issuer, token))
+    assert "external_id" in error_text(err), err
+
+
+def test_insecure_flag_starts_and_says_what_it_means(sam_box):
+    b = sam_box(bundle=std_bundle(), args=["--insecure-unverified-bundle"])
+    warnings = [e for e in b.logs() if str(e.get("level", "")).lower() in ("warn", "warning")]
+    text = " ".join(str(e) for e in warnings).lower()
+    assert "bundle" in text and "write" in text and "decide" in text, \
+        f"no warning saying whoever can write the bundle decides the agent:\n{b.stderr_text()}"
+    assert isinstance(b, SamBox)
