@@ -33,8 +33,8 @@ bool isIpLiteral(std::string_view host);
 
 /// A CONNECT target "host:port" (RFC 9110 §9.3.6, authority-form; IPv6 in brackets).
 struct Authority {
-  std::string host;    ///< as written, brackets removed for IPv6; not yet normalized
-  uint16_t port = 0;   ///< 1..65535
+  std::string host;   ///< as written, brackets removed for IPv6; not yet normalized
+  uint16_t port = 0;  ///< 1..65535
 };
 
 /// Splits "host:port" / "[v6]:port". The port is required, decimal, 1..65535, no sign and
