@@ -71,7 +71,11 @@ asio::ip::address canonicalAddress(const asio::ip::address& addr) {
       std::all_of(bytes.begin(), bytes.begin() + kV4InV6Offset / 8, [](auto b) { return b == 0; });
   // :: and ::1 keep their IPv6 meaning (unspecified, loopback); every other ::a.b.c.d is the
   // deprecated IPv4-compatible form, which some stacks still route as IPv4.
-  if (compatible && !v6.is_unspecified() && !v6.is_loopback()) {
+  // 64:ff9b::/96 (RFC 6052 well-known NAT64 prefix): where a NAT64 gateway exists, such an
+  // address reaches the embedded IPv4 address, so it is judged as that address.
+  static constexpr std::array<unsigned char, 12> kNat64Prefix = {0x00, 0x64, 0xff, 0x9b};
+  const bool nat64 = std::equal(kNat64Prefix.begin(), kNat64Prefix.end(), bytes.begin());
+  if ((compatible && !v6.is_unspecified() && !v6.is_loopback()) || nat64) {
     asio::ip::address_v4::bytes_type v4{};
     std::copy(bytes.begin() + kV4InV6Offset / 8, bytes.end(), v4.begin());
     return asio::ip::make_address_v4(v4);

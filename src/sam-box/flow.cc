@@ -13,11 +13,12 @@ void finishFlow(const FlowRecord& flow, Metrics& metrics) {
   if (!flow.reason.empty()) metrics.refusal(flow.reason);
   if (flow.bytes_up > 0) metrics.bytes("upstream", route, flow.bytes_up);
   if (flow.bytes_down > 0) metrics.bytes("downstream", route, flow.bytes_down);
-  const nlohmann::json fields = {
+  nlohmann::json fields = {
       {"agent", flow.agent},           {"kind", flow.kind},       {"name", flow.decision.name},
       {"port", flow.decision.port},    {"route", route},          {"outcome", flow.outcome},
       {"reason", flow.reason},         {"address", flow.address}, {"bytes_up", flow.bytes_up},
       {"bytes_down", flow.bytes_down}, {"duration_ms", ms}};
+  if (!flow.detail.empty()) fields["detail"] = flow.detail;
   if (flow.outcome == "allowed") {
     common::log::info("flow", fields);
   } else {

@@ -30,6 +30,7 @@ struct FlowRecord {
   std::string outcome;  ///< "allowed", "denied" or "error"
   std::string reason;   ///< empty when allowed
   std::string address;  ///< upstream address connected to, if any
+  std::string detail;   ///< why a request was malformed (parser's words), for the log only
   uint64_t bytes_up = 0;
   uint64_t bytes_down = 0;
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
@@ -46,7 +47,8 @@ struct FlowRecord {
 };
 
 /// Logs the flow's one JSON line (msg "flow": agent, kind, name, port, route, outcome, reason,
-/// address, bytes_up, bytes_down, duration_ms) and updates flows, refusals and bytes metrics.
+/// address, detail if any, bytes_up, bytes_down, duration_ms) and updates flows, refusals and bytes
+/// metrics.
 void finishFlow(const FlowRecord& flow, Metrics& metrics);
 
 }  // namespace sambox

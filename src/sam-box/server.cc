@@ -168,7 +168,7 @@ asio::awaitable<void> Server::serveTunnel(UnixSocket agent) {
     co_return;
   }
   if (status == Status::kMalformed) {
-    flow.record.decision.name = parser.error();
+    flow.record.detail = parser.error();
     co_await refuse(agent, flow, 400, kReasonMalformed, false);
     co_return;
   }

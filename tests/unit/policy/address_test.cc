@@ -158,3 +158,16 @@ TEST(DestinationPolicy, OperatorCanAllowAForbiddenRange) {
 
 }  // namespace
 }  // namespace policy
+
+namespace policy {
+namespace {
+
+TEST(AddressNat64Test, WellKnownNat64PrefixIsJudgedAsItsIpv4Address) {
+  EXPECT_TRUE(isForbiddenAddress(asio::ip::make_address("64:ff9b::a9fe:a9fe")));  // metadata
+  EXPECT_TRUE(isForbiddenAddress(asio::ip::make_address("64:ff9b::127.0.0.1")));
+  EXPECT_FALSE(isForbiddenAddress(asio::ip::make_address("64:ff9b::198.18.0.2")));
+  EXPECT_EQ(canonicalAddress(asio::ip::make_address("64:ff9b::c612:2")).to_string(), "198.18.0.2");
+}
+
+}  // namespace
+}  // namespace policy
