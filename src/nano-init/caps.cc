@@ -1,0 +1,65 @@
+#include "nano-init/caps.h"
+
+#include <linux/capability.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "nano-init/errors.h"
+
+namespace nanoinit::caps {
+namespace {
+
+// libcap ships no static archive in Debian, so the raw syscalls (capset(2) has no glibc
+// wrapper).
+int capget(cap_user_header_t hdr, cap_user_data_t data) {
+  return static_cast<int>(::syscall(SYS_capget, hdr, data));
+}
+int capset(cap_user_header_t hdr, const cap_user_data_t data) {
+  return static_cast<int>(::syscall(SYS_capset, hdr, data));
+}
+
+int lastCap() {
+  std::ifstream in("/proc/sys/kernel/cap_last_cap");
+  int last = CAP_LAST_CAP;
+  if (!(in >> last)) last = CAP_LAST_CAP;
+  return last;
+}
+
+}  // namespace
+
+unsigned long long effective() {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (capget(&hdr, data) != 0) throwErrno("capget");
+  return (static_cast<unsigned long long>(data[1].effective) << 32) | data[0].effective;
+}
+
+void dropAll() {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (capget(&hdr, data) != 0) throwErrno("capget");
+  const bool have_setpcap = (data[0].effective & (1U << CAP_SETPCAP)) != 0;
+  // Bounding set first (needs CAP_SETPCAP, which the next step removes). Without
+  // CAP_SETPCAP the process holds no capability to lose here; no_new_privs then blocks
+  // setuid and file capabilities, which is what the bounding set would have limited.
+  if (have_setpcap) {
+    for (int cap = 0; cap <= lastCap(); ++cap) {
+      if (::prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1 &&
+          ::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0) {
+        throwErrno("prctl(PR_CAPBSET_DROP, " + std::to_string(cap) + ")");
+      }
+    }
+  }
+  if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0) {
+    throwErrno("prctl(PR_CAP_AMBIENT_CLEAR_ALL)");
+  }
+  __user_cap_data_struct none[2]{};
+  if (capset(&hdr, none) != 0) throwErrno("capset(0)");
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) throwErrno("prctl(PR_SET_NO_NEW_PRIVS)");
+}
+
+}  // namespace nanoinit::caps

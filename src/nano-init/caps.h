@@ -1,0 +1,16 @@
+#pragma once
+// The agent runs with no capability at all (issue 3 "PID 1 duties"): in particular not
+// CAP_NET_ADMIN, which would let it reconfigure tun0 or add a NIC route around the boundary.
+
+namespace nanoinit::caps {
+
+/// In the forked child, just before exec: clears the bounding set, the ambient set and the
+/// effective/permitted/inheritable sets, and sets no_new_privs so that no setuid binary or
+/// file capability can give any back. Throws StepError on any failure (the child then exits
+/// instead of running with a capability).
+void dropAll();
+
+/// The calling process's effective capability mask (for tests and logs).
+unsigned long long effective();
+
+}  // namespace nanoinit::caps

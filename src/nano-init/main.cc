@@ -1,0 +1,122 @@
+// nano-init: PID 1 of an agent sandbox (seed 003; issue 3). See README.md.
+
+#include <unistd.h>
+#include <asio/io_context.hpp>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "nano-init/caps.h"
+#include "nano-init/copy_self.h"
+#include "nano-init/errors.h"
+#include "nano-init/namespaces.h"
+#include "nano-init/options.h"
+#include "nano-init/pid1.h"
+#include "nano-init/resolv.h"
+#include "nano-init/tun.h"
+#include "vdns/virtual_dns.h"
+
+#if NANO_INIT_HAVE_NETSTACK
+#include "netstack/stack.h"
+#endif
+
+namespace nanoinit {
+namespace {
+
+constexpr const char* kResolvConf = "/etc/resolv.conf";
+
+void note(const std::string& text) { std::fprintf(stderr, "nano-init: %s\n", text.c_str()); }
+
+// Runs `step`, prefixing any failure with its name, so the error says which step and why.
+template <typename F>
+auto step(const char* name, F&& f) {
+  try {
+    return f();
+  } catch (const StepError& e) {
+    throw StepError(std::string(name) + ": " + e.what());
+  }
+}
+
+struct Sandbox {
+  common::UniqueFd tun;
+};
+
+// The privileged set-up, in order. The order is the security argument: namespaces before
+// the device, the device before the routes through it, the resolver file before anything
+// can read it, and capabilities are dropped only in the agent's own process (spawn, below).
+[[maybe_unused]] Sandbox setUp(const RunOptions& opts) {
+  Sandbox sb;
+  if (opts.create_namespaces) {
+    step("user namespace", [] { namespaces::enterUserNamespace(); });
+    step("network namespace", [] { namespaces::enterNetworkNamespace(); });
+  }
+  std::string why;
+  // Always our own mount namespace: the resolv.conf bind must never land in the host's.
+  const bool own_mounts = namespaces::enterMountNamespace(&why);
+  if (!own_mounts) note("no mount namespace of its own (" + why + "); /etc is left as it is");
+  sb.tun = step("tun0", [] { return tun::openTun(); });
+  step("addresses and routes", [] { tun::configureNetwork(); });
+  step("resolv.conf", [&] {
+    std::string why_skipped;
+    if (resolv::ensure(kResolvConf, own_mounts, &why_skipped) == resolv::Outcome::kSkipped) {
+      note(why_skipped);
+    }
+  });
+  return sb;
+}
+
+int run(const RunOptions& opts) {
+#if !NANO_INIT_HAVE_NETSTACK
+  (void)opts;
+  note(
+      "refusing to run: this nano-init was built without its network stack (src/netstack), "
+      "so the agent would have no boundary");
+  return 70;
+#else
+  asio::io_context io;
+  Sandbox sb = setUp(opts);
+  // Supervisor before the netstack: signals are blocked before anything could fork.
+  Supervisor supervisor(io);
+  vdns::VirtualDns dns;
+  netstack::Options net;
+  net.tun_fd = sb.tun.release();
+  net.boundary = opts.boundary;
+  net.dns = &dns;
+  net.ingress_socket = opts.ingress_socket;
+  netstack::Stack stack(io, std::move(net));
+  step("network stack", [&] { stack.start(); });
+  supervisor.spawn(opts.command, [] { caps::dropAll(); });
+  int exit_code = 0;
+  supervisor.start([&](int code) {
+    exit_code = code;
+    stack.stop();
+    io.stop();
+  });
+  io.run();
+  return exit_code;
+#endif
+}
+
+}  // namespace
+}  // namespace nanoinit
+
+int main(int argc, char** argv) {
+  using namespace nanoinit;
+  const Parsed parsed = parseCommandLine(argc, argv);
+  if (const auto* exit = std::get_if<Exit>(&parsed)) {
+    std::fputs(exit->message.c_str(), exit->exit_code == 0 ? stdout : stderr);
+    return exit->exit_code;
+  }
+  try {
+    if (const auto* copy = std::get_if<CopyOptions>(&parsed)) {
+      copySelf(copy->dest);
+      return 0;
+    }
+    return run(std::get<RunOptions>(parsed));
+  } catch (const std::exception& e) {
+    // Fail closed: without every step the agent does not start.
+    note(std::string("cannot start the sandbox: ") + e.what());
+    return 70;
+  }
+}

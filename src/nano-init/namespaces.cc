@@ -1,0 +1,61 @@
+#include "nano-init/namespaces.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+
+#include "common/unique_fd.h"
+#include "nano-init/errors.h"
+
+namespace nanoinit::namespaces {
+namespace {
+
+void writeFile(const char* path, const std::string& content) {
+  common::UniqueFd fd(::open(path, O_WRONLY | O_CLOEXEC));
+  if (!fd.valid()) throwErrno(std::string("open(") + path + ")");
+  if (::write(fd.get(), content.data(), content.size()) != static_cast<ssize_t>(content.size())) {
+    throwErrno(std::string("write(") + path + ", \"" + content.substr(0, content.size() - 1) +
+               "\")");
+  }
+}
+
+}  // namespace
+
+void enterUserNamespace() {
+  const uid_t uid = ::geteuid();
+  const gid_t gid = ::getegid();
+  if (::unshare(CLONE_NEWUSER) != 0) {
+    throwErrno("unshare(CLONE_NEWUSER)",
+               " (user namespaces are denied here: on Ubuntu 24.04 hosts the likely cause is "
+               "kernel.apparmor_restrict_unprivileged_userns=1; also check "
+               "user.max_user_namespaces and that no seccomp profile blocks unshare)");
+  }
+  // An unprivileged process may write its gid_map only after giving up setgroups(2).
+  writeFile("/proc/self/setgroups", "deny\n");
+  writeFile("/proc/self/uid_map", std::to_string(uid) + " " + std::to_string(uid) + " 1\n");
+  writeFile("/proc/self/gid_map", std::to_string(gid) + " " + std::to_string(gid) + " 1\n");
+}
+
+void enterNetworkNamespace() {
+  if (::unshare(CLONE_NEWNET) != 0) throwErrno("unshare(CLONE_NEWNET)");
+}
+
+bool enterMountNamespace(std::string* why) {
+  if (::unshare(CLONE_NEWNS) != 0) {
+    *why = std::string("unshare(CLONE_NEWNS): ") + std::strerror(errno);
+    return false;
+  }
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    // Owning a namespace whose mounts still propagate to the host's would be worse than
+    // owning none: report it and let the caller skip every mount.
+    *why = std::string("mount(/, MS_REC|MS_PRIVATE): ") + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace nanoinit::namespaces

@@ -1,0 +1,103 @@
+#include "nano-init/options.h"
+
+#include <CLI/CLI.hpp>
+
+#include <charconv>
+#include <cstring>
+
+namespace nanoinit {
+namespace {
+
+constexpr size_t kMaxUnixPath = 107;  // sizeof(sockaddr_un::sun_path) - 1
+constexpr const char* kVsockScheme = "vsock://";
+
+bool parseU32(std::string_view s, uint32_t* out) {
+  if (s.empty() || s.size() > 10) return false;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+  }
+  uint64_t v = 0;
+  std::from_chars(s.data(), s.data() + s.size(), v);
+  if (v > 0xFFFFFFFFULL) return false;
+  *out = static_cast<uint32_t>(v);
+  return true;
+}
+
+}  // namespace
+
+std::optional<Boundary> parseBoundary(const std::string& text, std::string* reason) {
+  Boundary b;
+  if (text.rfind(kVsockScheme, 0) == 0) {
+    const std::string_view rest = std::string_view(text).substr(std::strlen(kVsockScheme));
+    const size_t colon = rest.find(':');
+    if (colon == std::string_view::npos || !parseU32(rest.substr(0, colon), &b.vsock_cid) ||
+        !parseU32(rest.substr(colon + 1), &b.vsock_port)) {
+      *reason = "expected vsock://CID:PORT with decimal numbers";
+      return std::nullopt;
+    }
+    // CIDs 0 and 1 are the hypervisor and local loopback; a guest dials the host at 2.
+    if (b.vsock_cid < 2 || b.vsock_cid == 0xFFFFFFFF) {
+      *reason = "vsock CID must be 2 or more (2 is the host)";
+      return std::nullopt;
+    }
+    if (b.vsock_port == 0 || b.vsock_port == 0xFFFFFFFF) {
+      *reason = "vsock port must be 1..4294967294";
+      return std::nullopt;
+    }
+    return b;
+  }
+  if (text.find("://") != std::string::npos) {
+    *reason = "unknown scheme (only vsock:// or a Unix socket path)";
+    return std::nullopt;
+  }
+  if (text.empty() || text.size() > kMaxUnixPath || text.find('\0') != std::string::npos) {
+    *reason = "a Unix socket path must be 1..107 bytes";
+    return std::nullopt;
+  }
+  b.unix_path = text;
+  return b;
+}
+
+Parsed parseCommandLine(int argc, const char* const* argv) {
+  CLI::App app{"nano-init: PID 1 of an agent sandbox (tun0, userspace TCP/IP, virtual DNS)",
+               "nano-init"};
+  app.set_version_flag("--version", std::string("nano-init ") + COMPASS_VERSION);
+  app.require_subcommand(1);
+
+  RunOptions run;
+  auto* run_cmd = app.add_subcommand(
+      "run", "Run CMD as the sandbox's only process tree; every flow goes to BOUNDARY");
+  run_cmd->add_flag("--create-namespaces", run.create_namespaces,
+                    "Create a user namespace, then a network namespace holding only lo and tun0");
+  run_cmd->add_option("--ingress-socket", run.ingress_socket,
+                      "Serve this Unix socket; each connection goes to 127.0.0.1:<port> inside");
+  run_cmd->add_option("boundary", run.boundary, "sam-box: a Unix socket path or vsock://CID:PORT")
+      ->required();
+  // Everything after BOUNDARY is CMD [ARGS…], including CMD's own --flags.
+  run_cmd->prefix_command();
+  run_cmd->footer("CMD [ARGS…] follow BOUNDARY; everything after BOUNDARY is passed through.");
+
+  CopyOptions copy;
+  auto* copy_cmd = app.add_subcommand("copy", "Copy this binary to DEST (mode 0755)");
+  copy_cmd->add_option("dest", copy.dest, "Destination path")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::ostringstream out;
+    std::ostringstream err;
+    const int code = app.exit(e, out, err);
+    return Exit{code, code == 0 ? out.str() : err.str() + out.str()};
+  }
+  if (*copy_cmd) return copy;
+  // prefix_command() leaves CMD [ARGS…] in remaining(), untouched.
+  run.command = run_cmd->remaining();
+  if (run.command.empty()) return Exit{2, "run: CMD is required\n"};
+  std::string reason;
+  if (!parseBoundary(run.boundary, &reason)) {
+    return Exit{2, "run: invalid BOUNDARY '" + run.boundary + "': " + reason + "\n"};
+  }
+  return run;
+}
+
+}  // namespace nanoinit

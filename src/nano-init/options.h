@@ -1,0 +1,49 @@
+#pragma once
+// The command line (issue 3 "Commands"):
+//   nano-init run [--create-namespaces] [--ingress-socket PATH] BOUNDARY CMD [ARGS…]
+//   nano-init copy DEST
+// Parsing is pure so that tests can check every refusal.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace nanoinit {
+
+/// Where sam-box listens: a Unix socket path, or an AF_VSOCK CID:PORT (Firecracker guests).
+struct Boundary {
+  std::string unix_path;  ///< set for a Unix socket
+  uint32_t vsock_cid = 0;
+  uint32_t vsock_port = 0;
+  [[nodiscard]] bool isVsock() const { return unix_path.empty(); }
+};
+
+/// Parses "vsock://CID:PORT" (decimal, CID ≥ 2, port 1..4294967294) or an absolute or
+/// relative Unix socket path (non-empty, no NUL, < 108 bytes). nullopt with `*reason` set.
+std::optional<Boundary> parseBoundary(const std::string& text, std::string* reason);
+
+struct RunOptions {
+  bool create_namespaces = false;
+  std::string ingress_socket;
+  std::string boundary;  ///< as given; the netstack parses it again
+  std::vector<std::string> command;
+};
+
+struct CopyOptions {
+  std::string dest;
+};
+
+/// What main() should do after parsing: run, copy, or exit at once (help/version/errors)
+/// with `exit_code`, having printed `message` (to stdout if exit_code is 0, else stderr).
+struct Exit {
+  int exit_code = 0;
+  std::string message;
+};
+
+using Parsed = std::variant<RunOptions, CopyOptions, Exit>;
+
+Parsed parseCommandLine(int argc, const char* const* argv);
+
+}  // namespace nanoinit

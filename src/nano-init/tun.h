@@ -1,0 +1,21 @@
+#pragma once
+// tun0: the sandbox's only route out (issue 3 "Network"). nano-init either adopts a tun0 its
+// launcher made (an fd passed as 3, or a persistent tun0 in this netns that it may attach
+// to) or creates one, which needs CAP_NET_ADMIN over the netns and access to /dev/net/tun.
+
+#include "common/unique_fd.h"
+
+namespace nanoinit::tun {
+
+inline constexpr const char* kName = "tun0";
+/// The descriptor a launcher may pass an open tun0 on (podman --preserve-fds 1).
+inline constexpr int kInheritedFd = 3;
+
+/// Returns an open IFF_TUN | IFF_NO_PI descriptor for tun0 (O_CLOEXEC).
+common::UniqueFd openTun();
+
+/// lo up; tun0 up with its IPv4 and IPv6 addresses; IPv4 and IPv6 default routes via tun0.
+/// Idempotent: a tun0 its launcher already configured is left as it is.
+void configureNetwork();
+
+}  // namespace nanoinit::tun

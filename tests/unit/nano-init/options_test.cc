@@ -1,0 +1,80 @@
+#include "nano-init/options.h"
+
+#include <gtest/gtest.h>
+
+#include "nano-init/resolv.h"
+
+namespace nanoinit {
+namespace {
+
+Parsed parse(std::vector<const char*> args) {
+  args.insert(args.begin(), "nano-init");
+  return parseCommandLine(static_cast<int>(args.size()), args.data());
+}
+
+TEST(OptionsTest, RunTakesEverythingAfterBoundaryAsTheCommand) {
+  const auto p = parse({"run", "--create-namespaces", "--ingress-socket", "/in.sock",
+                        "/run/agent.sock", "python3", "-c", "print(1)", "--create-namespaces"});
+  const auto* run = std::get_if<RunOptions>(&p);
+  ASSERT_NE(run, nullptr);
+  EXPECT_TRUE(run->create_namespaces);
+  EXPECT_EQ(run->ingress_socket, "/in.sock");
+  EXPECT_EQ(run->boundary, "/run/agent.sock");
+  EXPECT_EQ(run->command,
+            (std::vector<std::string>{"python3", "-c", "print(1)", "--create-namespaces"}));
+}
+
+TEST(OptionsTest, RunWithoutCommandOrBoundaryIsRefused) {
+  for (auto args : {std::vector<const char*>{"run", "/run/agent.sock"},
+                    std::vector<const char*>{"run"}, std::vector<const char*>{}}) {
+    const auto p = parse(args);
+    const auto* exit = std::get_if<Exit>(&p);
+    ASSERT_NE(exit, nullptr) << args.size();
+    EXPECT_NE(exit->exit_code, 0);
+  }
+}
+
+TEST(OptionsTest, CopyHelpVersion) {
+  auto p = parse({"copy", "/tmp/x"});
+  ASSERT_NE(std::get_if<CopyOptions>(&p), nullptr);
+  EXPECT_EQ(std::get<CopyOptions>(p).dest, "/tmp/x");
+  p = parse({"--version"});
+  ASSERT_NE(std::get_if<Exit>(&p), nullptr);
+  EXPECT_EQ(std::get<Exit>(p).exit_code, 0);
+  EXPECT_NE(std::get<Exit>(p).message.find("nano-init"), std::string::npos);
+  p = parse({"--help"});
+  EXPECT_EQ(std::get<Exit>(p).exit_code, 0);
+}
+
+TEST(BoundaryTest, VsockAndUnixPaths) {
+  std::string why;
+  auto b = parseBoundary("vsock://2:1080", &why);
+  ASSERT_TRUE(b);
+  EXPECT_TRUE(b->isVsock());
+  EXPECT_EQ(b->vsock_cid, 2U);
+  EXPECT_EQ(b->vsock_port, 1080U);
+  b = parseBoundary("/run/agent.sock", &why);
+  ASSERT_TRUE(b);
+  EXPECT_FALSE(b->isVsock());
+  for (const char* bad :
+       {"vsock://1:1080", "vsock://0:1", "vsock://2:", "vsock://2:0", "vsock://x:1",
+        "vsock://2:99999999999", "vsock://2", "tcp://1.2.3.4:5", ""}) {
+    why.clear();
+    EXPECT_FALSE(parseBoundary(bad, &why)) << bad;
+    EXPECT_FALSE(why.empty()) << bad;
+  }
+  EXPECT_FALSE(parseBoundary(std::string(108, 'a'), &why));
+}
+
+TEST(ResolvTest, RecognizesAFileThatAlreadyNamesTheVirtualDns) {
+  EXPECT_TRUE(resolv::alreadyPointsAtVirtualDns("nameserver 100.127.255.253\n"));
+  EXPECT_TRUE(resolv::alreadyPointsAtVirtualDns("# x\nsearch a\nnameserver 100.127.255.253"));
+  EXPECT_FALSE(resolv::alreadyPointsAtVirtualDns("nameserver 127.0.0.53\n"));
+  EXPECT_FALSE(
+      resolv::alreadyPointsAtVirtualDns("nameserver 100.127.255.253\nnameserver 8.8.8.8\n"));
+  EXPECT_FALSE(resolv::alreadyPointsAtVirtualDns(""));
+  EXPECT_TRUE(resolv::alreadyPointsAtVirtualDns(resolv::generated()));
+}
+
+}  // namespace
+}  // namespace nanoinit
