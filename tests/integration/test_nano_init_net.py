@@ -1,0 +1,143 @@
+"""nano-init's network side (issue 3 "Network", "--create-namespaces"): links, routes and
+resolv.conf inside the sandbox, and end to end through a real sam-box to the test hosts that
+conftest.py builds (198.18.0.0/15, 2001:db8::/32). Nothing is sent anywhere else."""
+
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+import boxlib
+from boxlib import STD_ALLOW, SamBox, bundle_yaml, delta, wait_for
+from nano_fixtures import (NANO_INIT, dummy_boundary, nano, nano_command,  # noqa: F401
+                           nano_has_netstack, nano_tmp, run_nano)
+
+
+def _links(stdout):
+    return sorted(line.split(":")[1].strip().split("@")[0] for line in stdout.splitlines()
+                  if line.strip())
+
+
+@pytest.mark.parametrize("create", [False, True])
+def test_only_lo_and_tun0_with_default_routes(nano, dummy_boundary, create):
+    flags = ["--create-namespaces"] if create else []
+    r = run_nano(dummy_boundary.path,
+                 ["sh", "-c", "ip -o link show; echo --; ip -4 route; ip -6 route; echo --; "
+                  "ip -o addr show dev tun0"], flags=flags, netns=not create)
+    assert r.returncode == 0, r.stderr
+    links, routes, addrs = r.stdout.split("--\n")
+    assert _links(links) == ["lo", "tun0"], links
+    assert re.search(r"^default dev tun0", routes, re.M), routes
+    assert len(re.findall(r"^default dev tun0", routes, re.M)) == 2, routes
+    assert "100.64.0.1/10" in addrs and "100::1/64" in addrs, addrs
+
+
+def test_unprivileged_create_namespaces_fails_closed_with_a_reason(nano, dummy_boundary,
+                                                                   nano_tmp):
+    """/dev/net/tun is 0600 root here: an unprivileged nano-init gets its namespaces but
+    cannot create tun0, and must say why instead of running the agent without a network."""
+    marker = nano_tmp / "unpriv-ran"
+    os.chmod(nano_tmp, 0o777)
+    cmd = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+           str(NANO_INIT), "run", "--create-namespaces", dummy_boundary.path, "touch",
+           str(marker)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    os.chmod(nano_tmp, 0o755)
+    assert r.returncode != 0
+    assert not marker.exists()
+    assert "tun0" in r.stderr and ("/dev/net/tun" in r.stderr or "TUNSETIFF" in r.stderr), \
+        r.stderr
+
+
+def test_resolv_conf_points_at_the_virtual_dns_and_the_host_is_untouched(nano, dummy_boundary):
+    before = open("/etc/resolv.conf").read()
+    r = run_nano(dummy_boundary.path, ["cat", "/etc/resolv.conf"])
+    assert r.returncode == 0, r.stderr
+    servers = re.findall(r"^nameserver\s+(\S+)", r.stdout, re.M)
+    assert servers == ["100.127.255.253"], r.stdout
+    assert open("/etc/resolv.conf").read() == before
+
+
+def test_getent_gets_a_synthetic_address(nano, dummy_boundary):
+    r = run_nano(dummy_boundary.path,
+                 ["sh", "-c", "getent ahostsv4 api.example.com | head -1; "
+                  "getent ahostsv6 api.example.com | head -1"])
+    assert r.returncode == 0, r.stderr
+    v4, v6 = [line.split()[0] for line in r.stdout.splitlines()[:2]]
+    a, b, _, _ = (int(x) for x in v4.split("."))
+    assert a == 100 and 64 <= b <= 127, v4
+    assert v6.startswith("100::"), v6
+
+
+# ---------------------------------------------------------------------------------------
+# End to end through a real sam-box
+
+
+@pytest.fixture(scope="module")
+def nano_box(topo, sidecar):
+    b = SamBox(topo, bundle=bundle_yaml(allow=STD_ALLOW),
+               args=["--insecure-unverified-bundle", "--sidecar-socket", sidecar.path])
+    b.start()
+    yield b
+    b.kill()
+
+
+def test_allowed_name_works_through_sam_box(nano, nano_box):
+    r = run_nano(nano_box.socket_path,
+                 ["curl", "-sS", "--max-time", "10", "http://api.example.com/small.txt"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "hello from upstream\n"
+
+
+def test_denied_name_is_refused_quickly(nano, nano_box):
+    script = ("s=$(date +%s%N); curl -sS --max-time 5 http://denied.example.org/ 2>&1; "
+              "echo rc=$?; e=$(date +%s%N); echo ms=$(( (e - s) / 1000000 ))")
+    r = run_nano(nano_box.socket_path, ["sh", "-c", script])
+    assert "Connection refused" in r.stdout, r.stdout + r.stderr
+    assert "rc=7" in r.stdout
+    ms = int(re.search(r"ms=(\d+)", r.stdout).group(1))
+    assert ms < 1000, f"refusal took {ms} ms"
+
+
+def test_literal_ip_is_refused_and_counted_unresolved(nano, nano_box):
+    before = nano_box.metrics()
+    r = run_nano(nano_box.socket_path,
+                 ["curl", "-sS", "--max-time", "5", "http://198.18.0.2/small.txt"])
+    assert r.returncode == 7 and "Connection refused" in r.stderr, r.stderr
+    wait_for(lambda: delta(before, nano_box.metrics(), "sam_box_flows_total",
+                           outcome="denied", route="unresolved") >= 1,
+             what="the unresolved flow in the metrics")
+
+
+def test_ten_thousand_names_leave_memory_bounded(nano, dummy_boundary):
+    """10,000 random names through the virtual DNS: every one answered from 100.64/10, and
+    nano-init's RSS stays small (the pool is bounded)."""
+    script = r"""
+python3 - <<'PY'
+import random, socket, string, struct
+def q(name, qid):
+    out = struct.pack('>HHHHHH', qid, 0x0100, 1, 0, 0, 0)
+    for l in name.split('.'):
+        out += bytes([len(l)]) + l.encode()
+    return out + b'\0' + struct.pack('>HH', 1, 1)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(2)
+ok = 0
+for i in range(10000):
+    name = ''.join(random.choice(string.ascii_lowercase) for _ in range(16)) + '.example.com'
+    s.sendto(q(name, i & 0xffff), ('100.127.255.253', 53))
+    r = s.recv(512)
+    if r[3] & 0xf == 0 and r[-4] == 100 and 64 <= r[-3] <= 127:
+        ok += 1
+print('ok', ok)
+PY
+grep VmRSS /proc/1/status
+"""
+    r = run_nano(dummy_boundary.path, ["sh", "-c", script], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "ok 10000" in r.stdout, r.stdout
+    rss_kb = int(re.search(r"VmRSS:\s+(\d+)", r.stdout).group(1))
+    print(f"nano-init RSS after 10,000 names: {rss_kb} kB")
+    assert rss_kb < 32 * 1024, rss_kb
