@@ -1,0 +1,70 @@
+#pragma once
+// lwIP configuration for nano-init's userspace stack: NO_SYS (one thread, raw API, timers
+// driven from the asio loop), TCP over IPv4 and IPv6 on one tun netif. Packets reach
+// tcp_input() directly from netstack (lwip_glue.cc), so ARP, ICMP replies, DHCP, IGMP, MLD
+// and the socket/netconn APIs are not used. UDP is terminated by netstack without lwIP.
+// Memory comes from malloc, not lwIP's fixed pools: netstack bounds flows and buffers with
+// its own named caps (limits.h), and lwIP's TCP windows bound each flow.
+
+#define NO_SYS 1
+#define LWIP_TIMERS 1
+#define SYS_LIGHTWEIGHT_PROT 0
+#define LWIP_NETCONN 0
+#define LWIP_SOCKET 0
+#define LWIP_NETIF_API 0
+
+#define MEM_LIBC_MALLOC 1
+#define MEMP_MEM_MALLOC 1
+#define MEM_ALIGNMENT 8
+#define MEMP_NUM_TCP_PCB 4096
+#define MEMP_NUM_TCP_PCB_LISTEN 1024
+#define MEMP_NUM_TCP_SEG 65535
+
+#define LWIP_IPV4 1
+#define LWIP_IPV6 1
+#define LWIP_ARP 0
+#define LWIP_ETHERNET 0
+#define LWIP_ICMP 0
+#define LWIP_RAW 0
+#define LWIP_DHCP 0
+#define LWIP_AUTOIP 0
+#define LWIP_IGMP 0
+#define LWIP_DNS 0
+#define LWIP_UDP 0
+#define IP_FORWARD 0
+#define IP_REASSEMBLY 0
+#define IP_FRAG 0
+#define LWIP_IPV6_MLD 0
+#define LWIP_IPV6_AUTOCONFIG 0
+#define LWIP_IPV6_DUP_DETECT_ATTEMPTS 0
+#define LWIP_IPV6_SEND_ROUTER_SOLICIT 0
+#define LWIP_IPV6_REASS 0
+#define LWIP_IPV6_FRAG 0
+#define LWIP_IPV6_SCOPES 0
+#define LWIP_ND6_QUEUEING 0
+// Required on 64-bit targets (DESIGN.md): the fragment header struct would not fit otherwise.
+#define IPV6_FRAG_COPYHEADER 1
+#define LWIP_SINGLE_NETIF 1
+
+#define LWIP_TCP 1
+#define TCP_MSS 1460
+// Window scaling so one flow can keep more than 64 KiB in flight on the fast local tun link.
+#define LWIP_WND_SCALE 1
+#define TCP_RCV_SCALE 3
+#define TCP_WND (256 * 1024)
+#define TCP_SND_BUF (256 * 1024)
+#define TCP_SND_QUEUELEN ((4 * TCP_SND_BUF + TCP_MSS - 1) / TCP_MSS)
+// lwIP requires the low-water mark to stay 4 MSS below 64 KiB.
+#define TCP_SNDLOWAT (32 * 1024)
+#define TCP_LISTEN_BACKLOG 0
+#define TCP_QUEUE_OOSEQ 1
+#define LWIP_TCP_KEEPALIVE 1
+#define LWIP_CALLBACK_API 1
+#define LWIP_ALTCP 0
+#define LWIP_TCP_TIMESTAMPS 0
+
+#define LWIP_STATS 0
+#define LWIP_NETIF_STATUS_CALLBACK 0
+#define LWIP_NETIF_LINK_CALLBACK 0
+#define LWIP_ERRNO_STDINCLUDE 1
+#define LWIP_CHKSUM_ALGORITHM 3
