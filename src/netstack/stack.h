@@ -17,8 +17,8 @@ class VirtualDns;
 namespace netstack {
 
 struct Options {
-  int tun_fd = -1;           ///< an open tun0 (IFF_TUN | IFF_NO_PI); ownership passes to the stack
-  std::string boundary;      ///< sam-box: a Unix socket path, or "vsock://CID:PORT"
+  int tun_fd = -1;       ///< an open tun0 (IFF_TUN | IFF_NO_PI); ownership passes to the stack
+  std::string boundary;  ///< sam-box: a Unix socket path, or "vsock://CID:PORT"
   vdns::VirtualDns* dns = nullptr;  ///< answers 100.127.255.253:53 and names synthetic addresses
   std::string ingress_socket;  ///< if set: serve it, connecting each arrival to 127.0.0.1:<port>
 };
