@@ -43,8 +43,9 @@ struct Sandbox {
 };
 
 // The privileged set-up, in order. The order is the security argument: namespaces before
-// the device, the device before the routes through it, the resolver file before anything
-// can read it, and capabilities are dropped only in the agent's own process (spawn, below).
+// the check that nothing but lo and tun0 is in ours, that before the device, the device before the
+// routes through it, the resolver file before anything can read it, and capabilities are dropped
+// only in the agent's own process (spawn, below).
 [[maybe_unused]] Sandbox setUp(const RunOptions& opts) {
   Sandbox sb;
   if (opts.create_namespaces) {
@@ -55,6 +56,7 @@ struct Sandbox {
   // Always our own mount namespace: the resolv.conf bind must never land in the host's.
   const bool own_mounts = namespaces::enterMountNamespace(&why);
   if (!own_mounts) note("no mount namespace of its own (" + why + "); /etc is left as it is");
+  step("network namespace check", [] { tun::requireIsolatedNamespace(); });
   sb.tun = step("tun0", [] { return tun::openTun(); });
   step("addresses and routes", [] { tun::configureNetwork(); });
   step("resolv.conf", [&] {

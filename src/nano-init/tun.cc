@@ -33,6 +33,23 @@ int ifindex(const char* name) {
 
 }  // namespace
 
+void requireIsolatedNamespace() {
+  struct if_nameindex* list = ::if_nameindex();
+  if (list == nullptr) throwErrno("if_nameindex");
+  std::string others;
+  for (const struct if_nameindex* i = list; i->if_index != 0; ++i) {
+    const std::string name = i->if_name;
+    if (name == "lo" || name == kName) continue;
+    others += (others.empty() ? "" : ", ") + name;
+  }
+  ::if_freenameindex(list);
+  if (!others.empty()) {
+    throw StepError("this network namespace also holds " + others +
+                    "; nano-init runs only where lo and tun0 are all there is (use "
+                    "--create-namespaces, or a container with --network none)");
+  }
+}
+
 common::UniqueFd openTun() {
   if (::fcntl(kInheritedFd, F_GETFD) >= 0 && isTun0(kInheritedFd)) {
     // Adopted: the launcher opened it in our netns; stop it leaking into the agent.

@@ -11,6 +11,11 @@ inline constexpr const char* kName = "tun0";
 /// The descriptor a launcher may pass an open tun0 on (podman --preserve-fds 1).
 inline constexpr int kInheritedFd = 3;
 
+/// Refuses (StepError) a network namespace holding any interface but lo and tun0: the agent
+/// could route around the boundary through it, and nano-init would otherwise take over the
+/// default routes of a namespace it does not own (the host's, if started there by mistake).
+void requireIsolatedNamespace();
+
 /// Returns an open IFF_TUN | IFF_NO_PI descriptor for tun0 (O_CLOEXEC).
 common::UniqueFd openTun();
 

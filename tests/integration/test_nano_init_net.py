@@ -141,3 +141,36 @@ grep VmRSS /proc/1/status
     rss_kb = int(re.search(r"VmRSS:\s+(\d+)", r.stdout).group(1))
     print(f"nano-init RSS after 10,000 names: {rss_kb} kB")
     assert rss_kb < 32 * 1024, rss_kb
+
+
+def test_refuses_a_namespace_with_another_interface(nano, dummy_boundary, nano_tmp):
+    """A NIC (a veth) beside lo: the agent could route around tun0, so nano-init refuses."""
+    marker = nano_tmp / "nic-ran"
+    r = subprocess.run(
+        ["unshare", "--net", "sh", "-c",
+         f"ip link add nic0 type veth peer name nic1 && exec {NANO_INIT} run {dummy_boundary.path} "
+         f"touch {marker}"], capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "nic0" in r.stderr, r.stderr
+    assert not marker.exists()
+
+
+def test_adopts_a_tun0_passed_as_fd_3(nano, dummy_boundary):
+    """The launcher makes tun0 in the sandbox's netns and hands it over open as fd 3 (as
+    `podman --preserve-fds 1` does); nano-init adopts it and does not leak it to the agent."""
+    script = r"""
+import fcntl, os, struct, subprocess, sys
+fd = os.open('/dev/net/tun', os.O_RDWR)
+fcntl.ioctl(fd, 0x400454ca, struct.pack('16sH', b'tun0', 0x0001 | 0x1000))  # TUNSETIFF
+os.dup2(fd, 3, inheritable=True)
+os.close(fd)
+r = subprocess.run(sys.argv[1:], pass_fds=(3,))
+sys.exit(r.returncode)
+"""
+    r = subprocess.run(
+        ["unshare", "--net", "--pid", "--fork", "--mount-proc", "/usr/bin/python3", "-c", script,
+         str(NANO_INIT), "run", dummy_boundary.path, "sh", "-c",
+         "ip -o link show | cut -d: -f2; readlink /proc/$$/fd/3 || echo no-fd-3"],
+        capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert "tun0" in r.stdout
+    assert r.stdout.split()[-1] == "no-fd-3", f"fd 3 leaked into the agent: {r.stdout}"
