@@ -49,7 +49,7 @@ bool isForbiddenAddress(const asio::ip::address& addr);
 /// The operator's exceptions to isForbiddenAddress() (--allow-destination, repeatable).
 class DestinationPolicy {
  public:
-  void allow(Cidr cidr) { allowed_.push_back(std::move(cidr)); }
+  void allow(const Cidr& cidr) { allowed_.push_back(cidr); }
   /// True if the flow may go to `addr`: not forbidden, or inside an allowed prefix.
   [[nodiscard]] bool permits(const asio::ip::address& addr) const;
   [[nodiscard]] const std::vector<Cidr>& allowed() const { return allowed_; }

@@ -29,7 +29,7 @@
 namespace policy {
 
 /// Longest bundle file accepted, in bytes.
-inline constexpr size_t kMaxBundleBytes = 64 * 1024;
+inline constexpr size_t kMaxBundleBytes = size_t{64} * 1024;
 /// Most egress.allow entries accepted.
 inline constexpr size_t kMaxAllowEntries = 4096;
 /// Longest agent.external_id accepted, in bytes.

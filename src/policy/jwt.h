@@ -14,9 +14,9 @@
 namespace policy {
 
 /// Longest token accepted, in bytes.
-inline constexpr size_t kMaxTokenBytes = 16 * 1024;
+inline constexpr size_t kMaxTokenBytes = size_t{16} * 1024;
 /// Longest JWKS document accepted, in bytes.
-inline constexpr size_t kMaxJwksBytes = 256 * 1024;
+inline constexpr size_t kMaxJwksBytes = size_t{256} * 1024;
 
 /// A refused credential. reason() is a stable kebab-case code ("bad-audience", "expired",
 /// "unknown-kid", ...); what() is a sentence for the operator that names the claim.

@@ -17,7 +17,7 @@ struct OidcFetchOptions {
 };
 
 /// Longest discovery document accepted, in bytes.
-inline constexpr size_t kMaxDiscoveryBytes = 64 * 1024;
+inline constexpr size_t kMaxDiscoveryBytes = size_t{64} * 1024;
 
 /// Fetches the discovery document, checks that its "issuer" equals opts.issuer exactly
 /// (§4.3), fetches "jwks_uri" (which must be https) and parses it. TLS peer and host name

@@ -16,7 +16,7 @@ namespace proto {
 
 /// Most bytes of request head (request line + headers + blank line) read before answering
 /// 431 Request Header Fields Too Large (RFC 6585 §5).
-inline constexpr size_t kMaxRequestHeadBytes = 8 * 1024;
+inline constexpr size_t kMaxRequestHeadBytes = size_t{8} * 1024;
 /// Most header fields accepted in one head.
 inline constexpr size_t kMaxHeaderFields = 64;
 

@@ -16,11 +16,11 @@ inline constexpr std::chrono::milliseconds kConnectTimeout{10'000};
 /// A connect-udp flow with no datagram either way for this long is closed.
 inline constexpr std::chrono::milliseconds kUdpIdleTimeout{60'000};
 /// Bytes moved per splice(2) call.
-inline constexpr size_t kSpliceChunkBytes = 64 * 1024;
+inline constexpr size_t kSpliceChunkBytes = size_t{64} * 1024;
 /// Read buffer of the userspace copies (mesh requests, capsules, request heads).
-inline constexpr size_t kReadBufferBytes = 16 * 1024;
+inline constexpr size_t kReadBufferBytes = size_t{16} * 1024;
 /// Longest credential token file read, in bytes.
-inline constexpr size_t kMaxTokenFileBytes = 16 * 1024;
+inline constexpr size_t kMaxTokenFileBytes = size_t{16} * 1024;
 
 // Label values of sam_box_limit_hits_total.
 inline constexpr const char* kLimitMaxHeaderBytes = "max-header-bytes";

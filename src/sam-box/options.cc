@@ -64,11 +64,11 @@ Config buildConfig(const Flags& flags) {
   if (cfg.bundle) {
     for (const auto& rule : cfg.bundle->egress_allow) cfg.allowlist.add(rule);
   }
-  for (size_t i = 0; i < flags.egress_allow.size(); ++i) {
+  for (const auto& entry : flags.egress_allow) {
     try {
-      cfg.allowlist.add(policy::parseAllowRule(flags.egress_allow[i]));
+      cfg.allowlist.add(policy::parseAllowRule(entry));
     } catch (const policy::AllowRuleError& e) {
-      throw ConfigError("--egress-allow \"" + flags.egress_allow[i] + "\": " + e.what());
+      throw ConfigError("--egress-allow \"" + entry + "\": " + e.what());
     }
   }
   for (const auto& text : flags.allow_destination) {
