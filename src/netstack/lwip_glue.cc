@@ -28,6 +28,7 @@ LwipGlue* g_instance = nullptr;
 // while any timeout is pending, never spin faster than 1 ms.
 constexpr uint32_t kMaxTimerSleepMs = 250;
 constexpr int kMaxIovecs = 64;
+constexpr const char* kNetifAddress4 = "100.127.255.253";
 
 }  // namespace
 
@@ -50,6 +51,16 @@ void LwipGlue::start(uint16_t mtu, AcceptFn accept, void* accept_arg) {
           netif_, this, [](netif* n) -> err_t { return netifInit(n); }, nullptr) == nullptr) {
     throw std::runtime_error("lwIP: netif_add failed");
   }
+  // lwIP routes IPv4 output only through a netif with an IPv4 address. Which one does not
+  // matter (every pcb has its own local address, the destination the agent dialled); the
+  // resolver's address is one that nothing else uses.
+  ip4_addr_t addr;
+  ip4_addr_t mask;
+  ip4_addr_t gw;
+  ip4addr_aton(kNetifAddress4, &addr);
+  IP4_ADDR(&mask, 255, 255, 255, 255);
+  ip4_addr_set_zero(&gw);
+  netif_set_addr(netif_, &addr, &mask, &gw);
   netif_->mtu = mtu;
 #if LWIP_IPV6 && LWIP_ND6_ALLOW_RA_UPDATES
   netif_->mtu6 = mtu;
@@ -155,6 +166,7 @@ bool LwipGlue::acquireListener(uint16_t port) {
       listeners_.erase(port);
       return false;
     }
+    ip_set_option(pcb, SOF_REUSEADDR);  // inherited by every pcb it accepts
     if (tcp_bind(pcb, IP_ANY_TYPE, port) != ERR_OK) {
       tcp_close(pcb);
       listeners_.erase(port);

@@ -60,6 +60,9 @@
 #define TCP_QUEUE_OOSEQ 1
 #define LWIP_TCP_KEEPALIVE 1
 #define LWIP_CALLBACK_API 1
+// Listeners come and go per destination port while connections to that port live on (they
+// take the dialled port as their local port); SO_REUSE lets a new listener bind beside them.
+#define SO_REUSE 1
 #define LWIP_ALTCP 0
 #define LWIP_TCP_TIMESTAMPS 0
 
