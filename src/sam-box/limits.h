@@ -15,6 +15,10 @@ inline constexpr std::chrono::milliseconds kHeadReadTimeout{10'000};
 inline constexpr std::chrono::milliseconds kConnectTimeout{10'000};
 /// A connect-udp flow with no datagram either way for this long is closed.
 inline constexpr std::chrono::milliseconds kUdpIdleTimeout{60'000};
+/// Pause after a failed accept(2) (e.g. EMFILE) before accepting again.
+inline constexpr std::chrono::milliseconds kAcceptBackoff{50};
+/// File descriptors a flow may hold: two sockets and two pipes (one per relay direction).
+inline constexpr size_t kFdsPerFlow = 6;
 /// Bytes moved per splice(2) call.
 inline constexpr size_t kSpliceChunkBytes = size_t{64} * 1024;
 /// Read buffer of the userspace copies (mesh requests, capsules, request heads).

@@ -3,12 +3,16 @@
 
 #include "common/log.h"
 #include "sam-box/identity.h"
+#include "sam-box/limits.h"
 #include "sam-box/options.h"
 #include "sam-box/server.h"
 
+#include <sys/resource.h>
 #include <CLI/CLI.hpp>
 #include <asio/io_context.hpp>
 #include <asio/signal_set.hpp>
+
+#include <algorithm>
 #include <csignal>
 
 #include <iostream>
@@ -18,6 +22,25 @@ namespace {
 constexpr int kExitConfig = 2;    // the configuration was refused
 constexpr int kExitIdentity = 3;  // the platform credential did not verify
 constexpr int kExitRuntime = 1;   // a listener could not be bound, or the loop failed
+
+// Each flow holds up to kFdsPerFlow descriptors; the usual soft limit (1024) would stop the
+// boundary at ~170 flows, far below kMaxConcurrentFlows. Raise it as far as the hard limit
+// allows, and say so when that is still short.
+void raiseFileLimit() {
+  constexpr rlim_t kWanted = sambox::kMaxConcurrentFlows * sambox::kFdsPerFlow + 64;
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  if (lim.rlim_cur < kWanted) {
+    lim.rlim_cur = std::min<rlim_t>(kWanted, lim.rlim_max);
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+  }
+  if (lim.rlim_cur < kWanted) {
+    common::log::warn(
+        "RLIMIT_NOFILE is below what the flow cap needs; accepts will be refused "
+        "by the kernel before the cap is reached",
+        {{"nofile", lim.rlim_cur}, {"wanted", kWanted}});
+  }
+}
 
 void fail(const std::string& what, const std::string& reason) {
   common::log::error(what, {{"reason", reason}});
@@ -54,6 +77,7 @@ int run(const sambox::Flags& flags) {
         "(no-agent-identity) and only --egress-allow names are reachable");
   }
 
+  raiseFileLimit();
   asio::io_context io(1);
   sambox::Server server(io, config);
   try {

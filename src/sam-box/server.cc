@@ -102,7 +102,10 @@ asio::awaitable<void> Server::acceptTunnels() {
         co_await tunnel_acceptor_->async_accept(asio::redirect_error(use_awaitable, ec));
     if (ec == asio::error::operation_aborted) co_return;
     if (ec) {
+      // EMFILE/ENFILE/ENOBUFS repeat at once: back off instead of spinning on the listener.
       common::log::warn("accept failed on --socket", {{"error", ec.message()}});
+      asio::steady_timer backoff(io_, kAcceptBackoff);
+      co_await backoff.async_wait(asio::redirect_error(use_awaitable, ec));
       continue;
     }
     asio::co_spawn(io_, serveTunnel(std::move(agent)), asio::detached);
