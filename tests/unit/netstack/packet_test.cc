@@ -1,0 +1,157 @@
+// Byte-level tests of packet intake and of the packets netstack writes itself (the RST that
+// refuses a held SYN, UDP answers).
+
+#include "netstack/packet.h"
+
+#include <gtest/gtest.h>
+
+#include "test_packets.h"
+
+namespace netstack {
+namespace {
+
+using testing::kAgent4;
+using testing::kAgent6;
+using testing::kSynthetic4;
+using testing::kSynthetic6;
+using testing::makePacket;
+
+Packet parseOk(const std::vector<uint8_t>& bytes) {
+  Packet p;
+  EXPECT_EQ(parsePacket(bytes, &p), ParseStatus::kOk);
+  return p;
+}
+
+TEST(PacketTest, ParsesIpv4Syn) {
+  const auto bytes = makePacket(false, kAgent4, kSynthetic4, 40000, 443, kProtoTcp, kTcpSyn, 1000);
+  const Packet p = parseOk(bytes);
+  EXPECT_EQ(p.version, 4);
+  EXPECT_TRUE(p.isSyn());
+  EXPECT_EQ(p.seq, 1000u);
+  EXPECT_EQ(p.key.src.port, 40000);
+  EXPECT_EQ(p.key.dst.port, 443);
+  EXPECT_EQ(p.key.dst.address().to_string(), "100.64.0.7");
+  EXPECT_EQ(p.ip_header_len, 20u);
+}
+
+TEST(PacketTest, ParsesIpv6SynAndUdp) {
+  const Packet syn = parseOk(makePacket(true, kAgent6, kSynthetic6, 1, 80, kProtoTcp, kTcpSyn));
+  EXPECT_EQ(syn.version, 6);
+  EXPECT_EQ(syn.key.dst.address().to_string(), "100::9");
+  const Packet udp =
+      parseOk(makePacket(true, kAgent6, kSynthetic6, 5000, 53, kProtoUdp, 0, 0, "hello"));
+  EXPECT_EQ(udp.protocol, kProtoUdp);
+  EXPECT_EQ(udp.payload, "hello");
+  EXPECT_FALSE(udp.isSyn());
+}
+
+TEST(PacketTest, SynAckAndRstAreNotHeldSyns) {
+  EXPECT_FALSE(
+      parseOk(makePacket(false, kAgent4, kSynthetic4, 1, 2, kProtoTcp, kTcpSyn | kTcpAck)).isSyn());
+  EXPECT_FALSE(parseOk(makePacket(false, kAgent4, kSynthetic4, 1, 2, kProtoTcp, kTcpAck)).isSyn());
+}
+
+TEST(PacketTest, RejectsBadChecksumsAndLengths) {
+  auto bytes = makePacket(false, kAgent4, kSynthetic4, 1, 2, kProtoTcp, kTcpSyn);
+  Packet p;
+  auto bad_tcp = bytes;
+  bad_tcp[20 + 16] ^= 0xff;
+  EXPECT_EQ(parsePacket(bad_tcp, &p), ParseStatus::kMalformed);
+  auto bad_ip = bytes;
+  bad_ip[10] ^= 0xff;
+  EXPECT_EQ(parsePacket(bad_ip, &p), ParseStatus::kMalformed);
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_EQ(parsePacket({bytes.data(), n}, &p), ParseStatus::kMalformed) << n;
+  }
+  auto v5 = bytes;
+  v5[0] = 0x55;
+  EXPECT_EQ(parsePacket(v5, &p), ParseStatus::kMalformed);
+}
+
+TEST(PacketTest, FragmentsAndOtherProtocolsAreUnsupported) {
+  auto frag = makePacket(false, kAgent4, kSynthetic4, 1, 2, kProtoUdp, 0, 0, "x");
+  frag[6] = 0x20;  // more fragments
+  frag[10] = frag[11] = 0;
+  testing::put16(frag, 10, checksumFinish(checksumAdd({frag.data(), 20})));
+  Packet p;
+  EXPECT_EQ(parsePacket(frag, &p), ParseStatus::kUnsupported);
+  auto icmp = makePacket(false, kAgent4, kSynthetic4, 1, 2, kProtoUdp);
+  icmp[9] = 1;
+  icmp[10] = icmp[11] = 0;
+  testing::put16(icmp, 10, checksumFinish(checksumAdd({icmp.data(), 20})));
+  EXPECT_EQ(parsePacket(icmp, &p), ParseStatus::kUnsupported);
+}
+
+TEST(PacketTest, TunPaddingAfterTotalLengthIsIgnored) {
+  auto bytes = makePacket(false, kAgent4, kSynthetic4, 1, 2, kProtoUdp, 0, 0, "abc");
+  bytes.push_back(0xee);
+  const Packet p = parseOk(bytes);
+  EXPECT_EQ(p.total_len, bytes.size() - 1);
+  EXPECT_EQ(p.payload, "abc");
+}
+
+TEST(PacketTest, RstAnswersIpv4SynByteForByte) {
+  const auto syn_bytes =
+      makePacket(false, kAgent4, kSynthetic4, 40000, 443, kProtoTcp, kTcpSyn, 0xfffffffe);
+  const Packet syn = parseOk(syn_bytes);
+  const std::string rst = buildTcpRst(syn);
+  ASSERT_EQ(rst.size(), 40u);
+  const auto* b = reinterpret_cast<const uint8_t*>(rst.data());
+  EXPECT_EQ(b[0], 0x45);
+  EXPECT_EQ(b[9], kProtoTcp);
+  EXPECT_EQ(std::vector<uint8_t>(b + 12, b + 16), kSynthetic4);  // from the dialled address
+  EXPECT_EQ(std::vector<uint8_t>(b + 16, b + 20), kAgent4);
+  EXPECT_EQ(b[20] << 8 | b[21], 443);
+  EXPECT_EQ(b[22] << 8 | b[23], 40000);
+  EXPECT_EQ(b[24] | b[25] | b[26] | b[27], 0);  // seq 0
+  EXPECT_EQ(std::vector<uint8_t>(b + 28, b + 32), (std::vector<uint8_t>{0xff, 0xff, 0xff, 0xff}));
+  EXPECT_EQ(b[33], kTcpRst | kTcpAck);
+  // Valid checksums: it parses, as the agent's kernel will.
+  Packet back;
+  const std::vector<uint8_t> copy(b, b + rst.size());
+  ASSERT_EQ(parsePacket(copy, &back), ParseStatus::kOk);
+  EXPECT_EQ(back.key.src, syn.key.dst);
+  EXPECT_EQ(back.key.dst, syn.key.src);
+  EXPECT_EQ(back.ack, syn.seq + 1);
+}
+
+TEST(PacketTest, RstAnswersIpv6SynWithDataCountingItsLength) {
+  const Packet syn =
+      parseOk(makePacket(true, kAgent6, kSynthetic6, 1234, 80, kProtoTcp, kTcpSyn, 7, "tfo"));
+  const std::string rst = buildTcpRst(syn);
+  ASSERT_EQ(rst.size(), 60u);
+  Packet back;
+  const std::vector<uint8_t> copy(rst.begin(), rst.end());
+  ASSERT_EQ(parsePacket(copy, &back), ParseStatus::kOk);
+  EXPECT_EQ(back.tcp_flags, kTcpRst | kTcpAck);
+  EXPECT_EQ(back.ack, 7u + 1 + 3);
+  EXPECT_EQ(back.seq, 0u);
+}
+
+TEST(PacketTest, UdpReplyRoundTrips) {
+  for (bool v6 : {false, true}) {
+    const Packet q = parseOk(makePacket(v6, v6 ? kAgent6 : kAgent4, v6 ? kSynthetic6 : kSynthetic4,
+                                        5353, 53, kProtoUdp, 0, 0, "query"));
+    const std::string reply = buildUdp(q.key.dst, q.key.src, "answer");
+    const std::vector<uint8_t> copy(reply.begin(), reply.end());
+    Packet back;
+    ASSERT_EQ(parsePacket(copy, &back), ParseStatus::kOk);
+    EXPECT_EQ(back.payload, "answer");
+    EXPECT_EQ(back.key.src, q.key.dst);
+    EXPECT_EQ(back.key.dst, q.key.src);
+  }
+  EXPECT_TRUE(buildUdp(Endpoint{}, Endpoint{}, std::string(70000, 'x')).empty());
+}
+
+TEST(PacketTest, EndpointAddressConversions) {
+  const auto v4 = Endpoint::from(asio::ip::make_address("100.127.255.253"), 53);
+  EXPECT_FALSE(v4.v6);
+  EXPECT_EQ(v4.address().to_string(), "100.127.255.253");
+  const auto v6 = Endpoint::from(asio::ip::make_address("100::5"), 80);
+  EXPECT_TRUE(v6.v6);
+  EXPECT_EQ(v6.address().to_string(), "100::5");
+  EXPECT_NE(FlowKeyHash{}(FlowKey{v4, v6}), FlowKeyHash{}(FlowKey{v6, v4}));
+}
+
+}  // namespace
+}  // namespace netstack
