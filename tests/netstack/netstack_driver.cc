@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
       {"ip", "link", "set", "lo", "up"},
       {"ip", "addr", "add", "100.64.0.1/10", "dev", "tun0"},
       {"ip", "-6", "addr", "add", "100::1/64", "dev", "tun0", "nodad"},
-      {"ip", "link", "set", "tun0", "up"},
+      {"ip", "link", "set", "tun0", "mtu", "9000", "up"},
       {"ip", "route", "add", "default", "dev", "tun0"},
       {"ip", "-6", "route", "add", "default", "dev", "tun0"},
   };
