@@ -1,5 +1,7 @@
 #include "proto/request_rewriter.h"
 
+#include "proto/http_syntax.h"
+
 #include <llhttp.h>
 
 #include <algorithm>
@@ -13,6 +15,25 @@ bool iequals(std::string_view a, std::string_view b) {
            return std::tolower(static_cast<unsigned char>(x)) ==
                   std::tolower(static_cast<unsigned char>(y));
          });
+}
+
+// Returns why the parsed head must not be forwarded, or nullptr. The node must see exactly
+// what the boundary saw: a name llhttp tolerates but another parser reads differently
+// ("X-Pad : x") could end the node's header section early and smuggle the rest.
+const char* headProblem(std::string_view method, std::string_view url, unsigned major,
+                        unsigned minor,
+                        const std::vector<std::pair<std::string, std::string>>& headers) {
+  if (major != 1 || minor > 1) return "only HTTP/1.0 and HTTP/1.1 are forwarded";
+  if (!isToken(method)) return "method is not a token";
+  // An upgraded or CONNECTed stream could not be rewritten any more, so neither is served.
+  if (method == "CONNECT") return "CONNECT is not served inside the mesh tunnel";
+  if (!isOriginFormTarget(url)) return "request target must be origin-form (\"/path\")";
+  for (const auto& [name, value] : headers) {
+    if (!isToken(name)) return "header field name is not a token";
+    if (!isFieldValue(value)) return "header field value has a control character";
+    if (iequals(name, "upgrade")) return "Upgrade is not served inside the mesh tunnel";
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -41,6 +62,12 @@ struct RequestStreamRewriter::Llhttp {
   }
   static int onHeaderField(llhttp_t* p, const char* at, size_t n) {
     auto& s = self(p);
+    // Trailer fields arrive here after the body started; they travel inside the raw body
+    // bytes, where they could not be rewritten, so a message with trailers is refused.
+    if (!s.in_head_) {
+      s.error_ = "trailer fields are not forwarded";
+      return HPE_USER;
+    }
     if (s.last_was_value_ || s.headers_.empty()) {
       if (s.headers_.size() >= kMaxHeaderFields) return HPE_USER;
       s.headers_.emplace_back();
@@ -90,7 +117,7 @@ void RequestStreamRewriter::emitHead(std::string* out) {
   out->append(std::to_string(p.http_major)).append(".").append(std::to_string(p.http_minor));
   out->append("\r\n");
   for (const auto& [name, value] : headers_) {
-    if (iequals(name, header_name_)) continue;
+    if (sameFieldName(name, header_name_)) continue;
     out->append(name).append(": ").append(value).append("\r\n");
   }
   if (!header_value_.empty())
@@ -102,14 +129,12 @@ void RequestStreamRewriter::emitHead(std::string* out) {
 RequestStreamRewriter::Status RequestStreamRewriter::feed(std::string_view data, std::string* out) {
   if (status_ != Status::kOk) return status_;
   while (!data.empty()) {
-    if (passthrough_) {
-      out->append(data);
-      return status_;
-    }
     const llhttp_errno_t err = llhttp_execute(&llhttp_->parser, data.data(), data.size());
     size_t used = data.size();
     if (err == HPE_PAUSED || err == HPE_PAUSED_UPGRADE) {
       used = static_cast<size_t>(llhttp_get_error_pos(&llhttp_->parser) - data.data());
+    } else if (err == HPE_USER && !in_head_) {
+      return status_ = Status::kMalformed;  // error_ set by the trailer check
     } else if (err != HPE_OK) {
       error_ =
           err == HPE_USER ? "too many header fields" : llhttp_get_error_reason(&llhttp_->parser);
@@ -127,6 +152,11 @@ RequestStreamRewriter::Status RequestStreamRewriter::feed(std::string_view data,
       out->append(data.substr(0, used));
     }
     if (head_done_) {
+      const llhttp_t& p = llhttp_->parser;
+      if (const char* problem = headProblem(method_, url_, p.http_major, p.http_minor, headers_)) {
+        error_ = problem;
+        return status_ = Status::kMalformed;
+      }
       emitHead(out);
       head_done_ = false;
       in_head_ = false;
@@ -135,13 +165,13 @@ RequestStreamRewriter::Status RequestStreamRewriter::feed(std::string_view data,
       message_done_ = false;
       in_head_ = true;
       head_bytes_ = 0;
-      if (llhttp_->parser.upgrade != 0) passthrough_ = true;
     }
     if (err == HPE_PAUSED_UPGRADE) {
-      passthrough_ = true;
-    } else if (err == HPE_PAUSED) {
-      llhttp_resume(&llhttp_->parser);
+      // Unreachable while Upgrade and CONNECT are refused above; refuse rather than relay raw.
+      error_ = "upgraded streams are not forwarded";
+      return status_ = Status::kMalformed;
     }
+    if (err == HPE_PAUSED) llhttp_resume(&llhttp_->parser);
     data.remove_prefix(used);
   }
   return status_;

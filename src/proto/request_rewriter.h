@@ -3,8 +3,12 @@
 // every copy of one header field the sandbox sent, in any letter case, is removed, and the
 // boundary's own value is set instead (seed 003: sam-box "names the agent to the node in the
 // X-Sam-Agent header, replacing anything that the sandbox tried to set"). Framing comes from
-// llhttp, so the node sees exactly the message boundaries the boundary saw; bodies (plain,
-// chunked or after an Upgrade) pass through byte for byte.
+// llhttp, so the node sees exactly the message boundaries the boundary saw; bodies (plain or
+// chunked) pass through byte for byte. What could not be rewritten is refused instead:
+// Upgrade and CONNECT (the stream after them is opaque), trailer fields (they travel inside
+// the raw body), and any head whose syntax another parser might read differently (field
+// names that are not tokens, control characters, targets not in origin-form, HTTP/2+).
+// "X_Sam_Agent" counts as the same field as "X-Sam-Agent".
 
 #include "proto/tunnel_request.h"
 
@@ -48,7 +52,6 @@ class RequestStreamRewriter {
   std::string header_value_;
   Status status_ = Status::kOk;
   std::string error_;
-  bool passthrough_ = false;  // after an Upgrade: raw bytes from here on
   bool in_head_ = true;
   bool head_done_ = false;     // paused at the end of a head
   bool message_done_ = false;  // paused at the end of a message

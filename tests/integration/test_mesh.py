@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import pathlib
+import time
 
 import pytest
 
@@ -239,3 +240,54 @@ def test_malformed_agent_header_never_reaches_the_node_as_an_agent(box, sidecar,
         for k, v in rec["headers"]:
             if k.strip().strip("\x00").lower().startswith("x-sam-agent"):
                 assert v == AGENT_ID, (line, rec["headers"])
+
+
+# --- hostile streams found in review: none may make the node see another agent ---
+
+SPOOF = "ceo-assistant.prod.acme.example"
+
+
+def _node_never_sees_spoof(box, sidecar, payload):
+    n = len(sidecar.records)
+    c = open_mesh(box)
+    c.send(payload)
+    c.read_until_eof()
+    c.close()
+    # Let any smuggled request reach the node before looking.
+    time.sleep(0.3)
+    for rec in sidecar.records[n:]:
+        agents = [v for k, v in rec["headers"] if k.lower().replace("_", "-") == "x-sam-agent"]
+        assert agents == [AGENT_ID], rec
+
+
+def test_space_before_colon_cannot_smuggle_an_identity(box, sidecar):
+    smuggled = (f"GET /smuggled HTTP/1.1\r\nHost: mesh.sam.alt\r\nX-Sam-Agent: {SPOOF}\r\n"
+                "Content-Length: 0\r\n\r\n").encode()
+    payload = (b"POST /first HTTP/1.1\r\nHost: mesh.sam.alt\r\nX-Pad : x\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(smuggled)) + smuggled
+    _node_never_sees_spoof(box, sidecar, payload)
+
+
+def test_declined_upgrade_cannot_switch_off_rewriting(box, sidecar):
+    for upgrade in (b"Connection: Upgrade\r\nUpgrade: websocket\r\n", b"Upgrade: h2c\r\n"):
+        payload = (b"GET /first HTTP/1.1\r\nHost: mesh.sam.alt\r\n" + upgrade + b"\r\n" +
+                   f"GET /smuggled HTTP/1.1\r\nHost: mesh.sam.alt\r\nX-Sam-Agent: {SPOOF}\r\n\r\n"
+                   .encode())
+        _node_never_sees_spoof(box, sidecar, payload)
+
+
+def test_connect_inside_the_mesh_tunnel_is_refused(box, sidecar):
+    payload = (b"CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example\r\n\r\n" +
+               f"GET /smuggled HTTP/1.1\r\nX-Sam-Agent: {SPOOF}\r\n\r\n".encode())
+    n = len(sidecar.records)
+    _node_never_sees_spoof(box, sidecar, payload)
+    assert len(sidecar.records) == n
+
+
+def test_underscore_and_trailer_spellings_are_not_forwarded(box, sidecar):
+    _node_never_sees_spoof(
+        box, sidecar, request("GET", "/u", [f"X_Sam_Agent: {SPOOF}", "Connection: close"]))
+    _node_never_sees_spoof(
+        box, sidecar,
+        b"POST /t HTTP/1.1\r\nHost: mesh.sam.alt\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"3\r\nabc\r\n0\r\n" + f"X-Sam-Agent: {SPOOF}\r\n\r\n".encode())
