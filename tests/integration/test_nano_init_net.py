@@ -203,3 +203,20 @@ def test_dns_over_tcp(nano, dummy_boundary):
     r = run_nano(dummy_boundary.path, ["sh", "-c", script])
     udp, tcp = r.stdout.split("--\n")
     assert udp.strip() == tcp.strip() and udp.strip().startswith("100."), (udp, tcp)
+
+
+def test_resolv_conf_already_right_is_left_alone(nano, dummy_boundary, nano_tmp):
+    """The seed's pod mounts a resolv.conf naming the virtual DNS: no bind mount then (the
+    one operation containerd's AppArmor profile denies)."""
+    right = nano_tmp / "pod-resolv.conf"
+    right.write_text("nameserver 100.127.255.253\n")
+    inner = nano_command(dummy_boundary.path,
+                         ["sh", "-c", "cat /etc/resolv.conf; grep -c nano-init-resolv "
+                          "/proc/self/mountinfo || true"])
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                        f'mount --bind {right} /etc/resolv.conf && exec "$@"', "sh", *inner],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "nameserver 100.127.255.253"
+    assert lines[-1] == "0", "nano-init bind-mounted over a resolv.conf that was already right"
