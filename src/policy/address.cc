@@ -146,7 +146,10 @@ bool isForbiddenAddress(const asio::ip::address& addr) {
 }
 
 bool DestinationPolicy::permits(const asio::ip::address& addr) const {
-  if (!isForbiddenAddress(addr)) return true;
+  return !isForbiddenAddress(addr) || allowsExplicitly(addr);
+}
+
+bool DestinationPolicy::allowsExplicitly(const asio::ip::address& addr) const {
   return std::any_of(allowed_.begin(), allowed_.end(),
                      [&](const Cidr& cidr) { return cidr.contains(addr); });
 }

@@ -52,6 +52,8 @@ class DestinationPolicy {
   void allow(const Cidr& cidr) { allowed_.push_back(cidr); }
   /// True if the flow may go to `addr`: not forbidden, or inside an allowed prefix.
   [[nodiscard]] bool permits(const asio::ip::address& addr) const;
+  /// True if `addr` is inside a prefix the operator allowed (--allow-destination).
+  [[nodiscard]] bool allowsExplicitly(const asio::ip::address& addr) const;
   [[nodiscard]] const std::vector<Cidr>& allowed() const { return allowed_; }
 
  private:

@@ -13,6 +13,14 @@ inline constexpr size_t kMaxConcurrentFlows = 4096;
 inline constexpr std::chrono::milliseconds kHeadReadTimeout{10'000};
 /// Time allowed to resolve and connect upstream; then 504 connect-timeout.
 inline constexpr std::chrono::milliseconds kConnectTimeout{10'000};
+/// Name lookups that may run at once (each holds one thread while getaddrinfo(3) blocks).
+inline constexpr size_t kResolverThreads = 8;
+/// A TCP flow with no byte either way for this long is closed.
+inline constexpr std::chrono::milliseconds kTcpIdleTimeout{30 * 60 * 1000};
+/// Once one side of a TCP flow has ended, the other side may stay silent this long.
+inline constexpr std::chrono::milliseconds kHalfClosedTimeout{120'000};
+/// How often an idle flow's counters are looked at (upper bound on timeout overshoot).
+inline constexpr std::chrono::milliseconds kIdleCheckInterval{5'000};
 /// A connect-udp flow with no datagram either way for this long is closed.
 inline constexpr std::chrono::milliseconds kUdpIdleTimeout{60'000};
 /// Pause after a failed accept(2) (e.g. EMFILE) before accepting again.
@@ -32,5 +40,6 @@ inline constexpr const char* kLimitMaxConcurrentFlows = "max-concurrent-flows";
 inline constexpr const char* kLimitConnectTimeout = "connect-timeout";
 inline constexpr const char* kLimitHeadReadTimeout = "head-read-timeout";
 inline constexpr const char* kLimitUdpIdleTimeout = "udp-idle-timeout";
+inline constexpr const char* kLimitTcpIdleTimeout = "tcp-idle-timeout";
 
 }  // namespace sambox

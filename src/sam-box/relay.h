@@ -13,10 +13,12 @@
 #include <asio/awaitable.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/socket_base.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <system_error>
 
@@ -65,19 +67,53 @@ asio::awaitable<void> spliceOneWay(Src& src, Dst& dst, uint64_t& moved) {
   dst.shutdown(asio::socket_base::shutdown_send, ignored);
 }
 
-/// Relays both directions until both have reached EOF, or until either fails; on failure
-/// both sockets are closed (which ends the other direction) and the error is swallowed: a
-/// reset is an ordinary end of a flow. `a_to_b` and `b_to_a` count bytes delivered.
+/// Relays both directions until both have reached EOF, until either fails, or until the flow
+/// idles: no byte either way for kTcpIdleTimeout, or, once one direction has ended, none for
+/// kHalfClosedTimeout (a peer that went away without a reset must not hold a flow forever).
+/// On failure or idling both sockets are closed and the error is swallowed: a reset is an
+/// ordinary end of a flow. `a_to_b` and `b_to_a` count bytes delivered. Returns true if the
+/// flow was ended for idling.
 template <typename A, typename B>
-asio::awaitable<void> spliceBothWays(A& a, B& b, uint64_t& a_to_b, uint64_t& b_to_a) {
+asio::awaitable<bool> spliceBothWays(A& a, B& b, uint64_t& a_to_b, uint64_t& b_to_a) {
   using asio::experimental::awaitable_operators::operator&&;
+  using asio::experimental::awaitable_operators::operator||;
+  bool a_ended = false;
+  bool b_ended = false;
+  bool idled = false;
+  auto direction = [](auto& src, auto& dst, uint64_t& moved, bool& ended) -> asio::awaitable<void> {
+    co_await spliceOneWay(src, dst, moved);
+    ended = true;
+  };
+  auto watchdog = [&]() -> asio::awaitable<void> {
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    uint64_t seen = a_to_b + b_to_a;
+    auto last_activity = std::chrono::steady_clock::now();
+    for (;;) {
+      timer.expires_after(kIdleCheckInterval);
+      co_await timer.async_wait(asio::use_awaitable);
+      const auto now = std::chrono::steady_clock::now();
+      if (a_to_b + b_to_a != seen) {
+        seen = a_to_b + b_to_a;
+        last_activity = now;
+        continue;
+      }
+      const auto limit = (a_ended || b_ended) ? kHalfClosedTimeout : kTcpIdleTimeout;
+      if (now - last_activity >= limit) break;
+    }
+    idled = true;
+  };
+  bool failed = false;
   try {
-    co_await (spliceOneWay(a, b, a_to_b) && spliceOneWay(b, a, b_to_a));
+    co_await ((direction(a, b, a_to_b, a_ended) && direction(b, a, b_to_a, b_ended)) || watchdog());
   } catch (const std::exception&) {
+    failed = true;
+  }
+  if (failed || idled) {
     asio::error_code ignored;
     a.close(ignored);
     b.close(ignored);
   }
+  co_return idled;
 }
 
 }  // namespace sambox

@@ -26,62 +26,59 @@ using asio::experimental::awaitable_operators::operator&&;
 
 namespace {
 
-/// The addresses `name` resolves to, or an error reason (resolve-failed, connect-timeout,
-/// forbidden-address). Every address must be permitted: a name with one address in
-/// forbidden space is refused outright, since no legitimate public name points there and
-/// trying "the other ones" would let a hostile resolver choose.
-template <typename Protocol>
-asio::awaitable<std::vector<typename Protocol::endpoint>> resolvePermitted(
-    asio::io_context& io, const Config& config, const Decision& d, asio::steady_timer& deadline,
-    const char** reason) {
-  typename Protocol::resolver resolver(io);
-  asio::error_code ec;
-  auto result = co_await (resolver.async_resolve(d.name, std::to_string(d.port),
-                                                 Protocol::resolver::numeric_service,
-                                                 asio::redirect_error(use_awaitable, ec)) ||
-                          deadline.async_wait(use_awaitable));
-  std::vector<typename Protocol::endpoint> endpoints;
-  if (result.index() == 1) {
-    *reason = kReasonConnectTimeout;
-    co_return endpoints;
-  }
-  if (ec || std::get<0>(result).empty()) {
-    *reason = kReasonResolveFailed;
-    co_return endpoints;
-  }
-  for (const auto& entry : std::get<0>(result)) {
-    if (!config.destinations.permits(entry.endpoint().address())) {
-      *reason = kReasonForbiddenAddress;
-      endpoints.clear();
-      co_return endpoints;
-    }
-    endpoints.push_back(entry.endpoint());
-  }
-  co_return endpoints;
+/// The HTTP status for a failed resolvePermitted(): a policy refusal or an upstream failure.
+int resolveFailureStatus(const char* reason) {
+  if (reason == kReasonForbiddenAddress) return 403;
+  return reason == kReasonConnectTimeout ? 504 : 502;
 }
 
 }  // namespace
 
+/// Every address must be permitted: a name with one address in forbidden space, or on one
+/// of this host's own interfaces, is refused outright, since no legitimate public name points
+/// there and trying "the other ones" would let a hostile resolver choose.
+asio::awaitable<std::vector<asio::ip::address>> Server::resolvePermitted(
+    const Decision& d, asio::steady_timer::time_point deadline, const char** reason) {
+  ResolveResult result = co_await resolver_.resolve(d.name, deadline);
+  if (result.timed_out) {
+    *reason = kReasonConnectTimeout;
+    metrics_.limitHit(kLimitConnectTimeout);
+    co_return std::vector<asio::ip::address>{};
+  }
+  if (result.gai_error != 0 || result.addresses.empty()) {
+    *reason = kReasonResolveFailed;
+    co_return std::vector<asio::ip::address>{};
+  }
+  for (const auto& addr : result.addresses) {
+    const bool local = local_addresses_.contains(addr);
+    if (!config_.destinations.permits(addr) ||
+        (local && !config_.destinations.allowsExplicitly(addr))) {
+      *reason = kReasonForbiddenAddress;
+      co_return std::vector<asio::ip::address>{};
+    }
+  }
+  co_return std::move(result.addresses);
+}
+
 asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
-  asio::steady_timer deadline(io_, kConnectTimeout);
+  const auto deadline = asio::steady_timer::clock_type::now() + kConnectTimeout;
   const char* reason = nullptr;
-  const auto endpoints = co_await resolvePermitted<asio::ip::tcp>(
-      io_, config_, flow.record.decision, deadline, &reason);
-  if (endpoints.empty()) {
-    if (reason == kReasonConnectTimeout) metrics_.limitHit(kLimitConnectTimeout);
-    const bool forbidden = reason == kReasonForbiddenAddress;
-    co_await refuse(agent, flow, forbidden ? 403 : (reason == kReasonConnectTimeout ? 504 : 502),
-                    reason, !forbidden);
+  const auto addresses = co_await resolvePermitted(flow.record.decision, deadline, &reason);
+  if (addresses.empty()) {
+    co_await refuse(agent, flow, resolveFailureStatus(reason), reason,
+                    reason != kReasonForbiddenAddress);
     co_return;
   }
+  asio::steady_timer connect_deadline(io_, deadline);
   TcpSocket upstream(io_);
   bool connected = false;
   bool timed_out = false;
-  for (const auto& ep : endpoints) {
+  for (const auto& addr : addresses) {
+    const asio::ip::tcp::endpoint ep(addr, flow.record.decision.port);
     asio::error_code ec;
     upstream = TcpSocket(io_);
     auto result = co_await (upstream.async_connect(ep, asio::redirect_error(use_awaitable, ec)) ||
-                            deadline.async_wait(use_awaitable));
+                            connect_deadline.async_wait(use_awaitable));
     if (result.index() == 1) {
       timed_out = true;
       break;
@@ -111,31 +108,31 @@ asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
   flow.record.outcome = "allowed";
   if (!ec) {
     InProgress guard(metrics_, routeLabel(flow.record.decision.route));
-    co_await spliceBothWays(agent, upstream, flow.record.bytes_up, flow.record.bytes_down);
+    if (co_await spliceBothWays(agent, upstream, flow.record.bytes_up, flow.record.bytes_down)) {
+      metrics_.limitHit(kLimitTcpIdleTimeout);
+    }
   }
   finishFlow(flow.record, metrics_);
 }
 
 asio::awaitable<void> Server::externalUdp(UnixSocket& agent, Flow& flow) {
-  asio::steady_timer deadline(io_, kConnectTimeout);
+  const auto deadline = asio::steady_timer::clock_type::now() + kConnectTimeout;
   const char* reason = nullptr;
-  const auto endpoints = co_await resolvePermitted<asio::ip::udp>(
-      io_, config_, flow.record.decision, deadline, &reason);
-  if (endpoints.empty()) {
-    if (reason == kReasonConnectTimeout) metrics_.limitHit(kLimitConnectTimeout);
-    const bool forbidden = reason == kReasonForbiddenAddress;
-    co_await refuse(agent, flow, forbidden ? 403 : (reason == kReasonConnectTimeout ? 504 : 502),
-                    reason, !forbidden);
+  const auto addresses = co_await resolvePermitted(flow.record.decision, deadline, &reason);
+  if (addresses.empty()) {
+    co_await refuse(agent, flow, resolveFailureStatus(reason), reason,
+                    reason != kReasonForbiddenAddress);
     co_return;
   }
+  const asio::ip::udp::endpoint target(addresses.front(), flow.record.decision.port);
   asio::ip::udp::socket upstream(io_);
   asio::error_code ec;
-  upstream.connect(endpoints.front(), ec);
+  upstream.connect(target, ec);
   if (ec) {
     co_await refuse(agent, flow, 502, kReasonConnectFailed, true);
     co_return;
   }
-  flow.record.address = endpoints.front().address().to_string();
+  flow.record.address = target.address().to_string();
   co_await asio::async_write(agent, asio::buffer(proto::successResponse(flow.kind)),
                              asio::redirect_error(use_awaitable, ec));
   flow.record.outcome = "allowed";

@@ -71,7 +71,8 @@ std::unique_ptr<asio::ip::tcp::acceptor> bindTcpListener(asio::io_context& io,
 
 }  // namespace
 
-Server::Server(asio::io_context& io, const Config& config) : io_(io), config_(config) {}
+Server::Server(asio::io_context& io, const Config& config)
+    : io_(io), config_(config), resolver_(io, kResolverThreads) {}
 
 void Server::start() {
   if (config_.metrics) metrics_acceptor_ = bindTcpListener(io_, "--metrics-addr", *config_.metrics);

@@ -3,16 +3,21 @@
 // (--metrics-addr) and the ingress listener (--ingress-listen). One io_context thread runs
 // them all; each connection is one coroutine, and no flow has a thread of its own.
 
+#include "sam-box/classify.h"
+#include "sam-box/local_addresses.h"
 #include "sam-box/metrics.h"
 #include "sam-box/options.h"
+#include "sam-box/resolver.h"
 
 #include <asio/awaitable.hpp>
 #include <asio/io_context.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/local/stream_protocol.hpp>
+#include <asio/steady_timer.hpp>
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace sambox {
 
@@ -46,6 +51,10 @@ class Server {
   asio::awaitable<void> serveIngress(TcpSocket client);
 
   struct Flow;
+  /// Resolves the flow's name and checks every address (see routes.cc). Empty on failure,
+  /// with `*reason` set to resolve-failed, connect-timeout or forbidden-address.
+  asio::awaitable<std::vector<asio::ip::address>> resolvePermitted(
+      const Decision& d, asio::steady_timer::time_point deadline, const char** reason);
   asio::awaitable<void> externalTcp(UnixSocket& agent, Flow& flow);
   asio::awaitable<void> externalUdp(UnixSocket& agent, Flow& flow);
   asio::awaitable<void> meshEntrypoint(UnixSocket& agent, Flow& flow);
@@ -56,6 +65,8 @@ class Server {
   asio::io_context& io_;
   const Config& config_;
   Metrics metrics_;
+  Resolver resolver_;
+  LocalAddresses local_addresses_;
   size_t active_flows_ = 0;
   std::unique_ptr<asio::local::stream_protocol::acceptor> tunnel_acceptor_;
   std::unique_ptr<asio::ip::tcp::acceptor> metrics_acceptor_;

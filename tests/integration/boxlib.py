@@ -38,6 +38,7 @@ STD_ALLOW = [
     "loopback.example.com", "loopback6.example.com", "metadata.example.com",
     "mapped.example.com", "linklocal6.example.com", "multicast.example.com",
     "unspecified.example.com", "nowhere.example.com", "blackhole.example.com",
+    "self.example.com", "self6.example.com", "nat64.example.com",
 ]
 
 # Every host name the tests use; none of them may ever appear in the metrics text.
@@ -46,6 +47,7 @@ TEST_HOST_NAMES = [
     "dual.example.com", "v6only.example.com", "loopback.example.com", "loopback6.example.com",
     "metadata.example.com", "mapped.example.com", "linklocal6.example.com",
     "multicast.example.com", "unspecified.example.com", "nowhere.example.com",
+    "self.example.com", "self6.example.com", "nat64.example.com",
     "blackhole.example.com", "example.com", "198.18.", "2001:db8",
 ]
 

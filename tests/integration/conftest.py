@@ -42,6 +42,9 @@ fe80::1 linklocal6.example.com
 224.0.0.1 multicast.example.com
 0.0.0.0 unspecified.example.com
 198.18.1.1 blackhole.example.com
+198.18.0.1 self.example.com
+2001:db8::1 self6.example.com
+64:ff9b::7f00:1 nat64.example.com
 """
 
 TLS_NAMES = ["api.example.com", "files.pypi.org", "a.b.pypi.org", "pypi.org",

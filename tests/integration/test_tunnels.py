@@ -213,7 +213,10 @@ def test_names_with_aaaa_reach_the_v6_upstream(box, authority):
 
 FORBIDDEN = ["loopback.example.com", "loopback6.example.com", "metadata.example.com",
              "mapped.example.com", "linklocal6.example.com", "multicast.example.com",
-             "unspecified.example.com"]
+             "unspecified.example.com",
+             # the boundary host's own interface addresses (v4 and v6), and loopback
+             # embedded in the NAT64 well-known prefix
+             "self.example.com", "self6.example.com", "nat64.example.com"]
 
 
 @pytest.mark.parametrize("name", FORBIDDEN)
