@@ -195,8 +195,6 @@ def test_dig_other_types_get_no_answer(nano, dummy_boundary):
     assert "status: NXDOMAIN" in bad, bad
 
 
-@pytest.mark.xfail(strict=False, reason="netstack: a SYN to 100.127.255.253:53 is counted as an "
-                   "unsupported packet and never answered (seen at c61e9ab); reported")
 def test_dns_over_tcp(nano, dummy_boundary):
     script = ("dig +short +tries=1 +time=2 api.example.com A; echo --; "
               "dig +short +tcp +tries=1 +time=2 api.example.com A")
