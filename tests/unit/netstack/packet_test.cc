@@ -38,8 +38,9 @@ TEST(PacketTest, ParsesIpv6SynAndUdp) {
   const Packet syn = parseOk(makePacket(true, kAgent6, kSynthetic6, 1, 80, kProtoTcp, kTcpSyn));
   EXPECT_EQ(syn.version, 6);
   EXPECT_EQ(syn.key.dst.address().to_string(), "100::9");
-  const Packet udp =
-      parseOk(makePacket(true, kAgent6, kSynthetic6, 5000, 53, kProtoUdp, 0, 0, "hello"));
+  // The payload views the packet's bytes: keep them alive.
+  const auto udp_bytes = makePacket(true, kAgent6, kSynthetic6, 5000, 53, kProtoUdp, 0, 0, "hello");
+  const Packet udp = parseOk(udp_bytes);
   EXPECT_EQ(udp.protocol, kProtoUdp);
   EXPECT_EQ(udp.payload, "hello");
   EXPECT_FALSE(udp.isSyn());
