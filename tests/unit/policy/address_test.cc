@@ -33,9 +33,10 @@ TEST(CanonicalAddress, KeepsUnspecifiedLoopbackAndOrdinaryAddresses) {
   EXPECT_EQ(canonicalAddress(ip("::1")), ip("::1"));
   EXPECT_EQ(canonicalAddress(ip("2001:db8::1")), ip("2001:db8::1"));
   EXPECT_EQ(canonicalAddress(ip("10.1.2.3")), ip("10.1.2.3"));
-  // Only ::ffff:0:0/96 is "mapped"; ::fffe:... and 64:ff9b::/96 are ordinary IPv6 here.
+  // ::fffe:... is ordinary IPv6; the NAT64 well-known prefix is unwrapped (AddressNat64Test),
+  // but the local-use NAT64 prefix 64:ff9b:1::/48 has no fixed embedding and is not.
   EXPECT_TRUE(canonicalAddress(ip("::fffe:7f00:1")).is_v6());
-  EXPECT_TRUE(canonicalAddress(ip("64:ff9b::7f00:1")).is_v6());
+  EXPECT_TRUE(canonicalAddress(ip("64:ff9b:1::7f00:1")).is_v6());
 }
 
 TEST(IsForbiddenAddress, RefusesHostAndSpecialRangesV4) {
