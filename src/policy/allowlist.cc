@@ -38,6 +38,11 @@ AllowRule parseAllowRule(std::string_view entry) {
   if (entry.empty()) throw AllowRuleError("empty entry");
   // Checked on the whole entry first so that "::1", "[::1]:443" and "10.0.0.0/8" get the
   // reason that tells the operator what the allowlist is for, not a port-syntax complaint.
+  if (entry.find("://") != std::string_view::npos) {
+    throw AllowRuleError(
+        "a URL is not an allowlist entry: give the host name, e.g. "
+        "\"api.github.com\" or \"api.github.com:443\"");
+  }
   if (entry.find('/') != std::string_view::npos) {
     throw AllowRuleError("CIDR not allowed: the allowlist holds names only");
   }

@@ -93,6 +93,11 @@ int run(const sambox::Flags& flags) {
     server.stop();
     io.stop();
   });
+  if (config.allowlist.empty()) {
+    common::log::warn(
+        "the egress allowlist is empty: every external name is refused "
+        "(pure default-deny); add names with egress.allow or --egress-allow");
+  }
   std::vector<std::string> rules;
   for (const auto& r : config.allowlist.rules()) rules.push_back(r.text());
   common::log::info("ready", {{"socket", flags.socket},

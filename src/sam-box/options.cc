@@ -7,6 +7,9 @@
 namespace sambox {
 
 ListenAddress parseListenAddress(const std::string& flag, const std::string& text) {
+  if (text.find(':') == std::string::npos) {
+    throw ConfigError(flag + " \"" + text + "\": expected HOST:PORT, e.g. 127.0.0.1:9600");
+  }
   std::string reason;
   const auto authority = policy::parseAuthority(text, &reason);
   if (!authority) throw ConfigError(flag + " \"" + text + "\": " + reason);

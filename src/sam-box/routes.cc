@@ -38,7 +38,8 @@ int resolveFailureStatus(const char* reason) {
 /// of this host's own interfaces, is refused outright, since no legitimate public name points
 /// there and trying "the other ones" would let a hostile resolver choose.
 asio::awaitable<std::vector<asio::ip::address>> Server::resolvePermitted(
-    const Decision& d, asio::steady_timer::time_point deadline, const char** reason) {
+    const Decision& d, asio::steady_timer::time_point deadline, const char** reason,
+    std::string* offending) {
   ResolveResult result = co_await resolver_.resolve(d.name, deadline);
   if (result.timed_out) {
     *reason = kReasonConnectTimeout;
@@ -54,6 +55,7 @@ asio::awaitable<std::vector<asio::ip::address>> Server::resolvePermitted(
     if (!config_.destinations.permits(addr) ||
         (local && !config_.destinations.allowsExplicitly(addr))) {
       *reason = kReasonForbiddenAddress;
+      *offending = addr.to_string();
       co_return std::vector<asio::ip::address>{};
     }
   }
@@ -63,7 +65,8 @@ asio::awaitable<std::vector<asio::ip::address>> Server::resolvePermitted(
 asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
   const auto deadline = asio::steady_timer::clock_type::now() + kConnectTimeout;
   const char* reason = nullptr;
-  const auto addresses = co_await resolvePermitted(flow.record.decision, deadline, &reason);
+  const auto addresses =
+      co_await resolvePermitted(flow.record.decision, deadline, &reason, &flow.record.address);
   if (addresses.empty()) {
     co_await refuse(agent, flow, resolveFailureStatus(reason), reason,
                     reason != kReasonForbiddenAddress);
@@ -118,7 +121,8 @@ asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
 asio::awaitable<void> Server::externalUdp(UnixSocket& agent, Flow& flow) {
   const auto deadline = asio::steady_timer::clock_type::now() + kConnectTimeout;
   const char* reason = nullptr;
-  const auto addresses = co_await resolvePermitted(flow.record.decision, deadline, &reason);
+  const auto addresses =
+      co_await resolvePermitted(flow.record.decision, deadline, &reason, &flow.record.address);
   if (addresses.empty()) {
     co_await refuse(agent, flow, resolveFailureStatus(reason), reason,
                     reason != kReasonForbiddenAddress);

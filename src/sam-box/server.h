@@ -52,9 +52,11 @@ class Server {
 
   struct Flow;
   /// Resolves the flow's name and checks every address (see routes.cc). Empty on failure,
-  /// with `*reason` set to resolve-failed, connect-timeout or forbidden-address.
+  /// with `*reason` set to resolve-failed, connect-timeout or forbidden-address (and then
+  /// `*offending` to the address refused, for the log).
   asio::awaitable<std::vector<asio::ip::address>> resolvePermitted(
-      const Decision& d, asio::steady_timer::time_point deadline, const char** reason);
+      const Decision& d, asio::steady_timer::time_point deadline, const char** reason,
+      std::string* offending);
   asio::awaitable<void> externalTcp(UnixSocket& agent, Flow& flow);
   asio::awaitable<void> externalUdp(UnixSocket& agent, Flow& flow);
   asio::awaitable<void> meshEntrypoint(UnixSocket& agent, Flow& flow);

@@ -126,6 +126,11 @@ TEST_F(OptionsTest, BadFlagsNameTheFlag) {
   f.allow_destination = {};
   f.metrics_addr = "localhost:9600";
   EXPECT_NE(errorOf(f).find("--metrics-addr"), std::string::npos);
+  f.metrics_addr = "9600";
+  EXPECT_NE(errorOf(f).find("expected HOST:PORT"), std::string::npos);
+  f.egress_allow = {"https://api.github.com/"};
+  EXPECT_NE(errorOf(f).find("a URL is not an allowlist entry"), std::string::npos);
+  f.egress_allow = {};
   f.metrics_addr = "[::1]:9600";
   EXPECT_EQ(errorOf(f), "");
 }
