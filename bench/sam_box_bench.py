@@ -30,6 +30,7 @@ import json
 import os
 import pathlib
 import platform
+import pwd
 import resource
 import selectors
 import shutil
@@ -66,6 +67,18 @@ def _die_with_parent():
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _as_user_dying_with_parent(uid, gid):
+    """preexec_fn: become uid/gid, then _die_with_parent. In this order because a change of
+    credentials clears PR_SET_PDEATHSIG: squid started as root switches to its own user by
+    itself, and would then outlive a killed run."""
+    def setup():
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+        _die_with_parent()
+    return setup
+
+
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -75,6 +88,10 @@ def raise_nofile():
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def size(n):
+    return f"{n / GIB:g} GiB" if n >= GIB else f"{n / MIB:g} MiB"
 
 
 def log(msg):
@@ -93,20 +110,21 @@ def parse_args(argv):
     p.add_argument("--load", default="",
                    help="sam-box-bench-load binary (default: build/bench/ if the project "
                         "build has it and it is current, else built into build-bench/)")
-    p.add_argument("--setups", type=int, default=2000,
+    p.add_argument("--setups", type=int,
                    help="sequential set-ups timed per path (default 2000)")
-    p.add_argument("--bytes", type=int, default=GIB,
+    p.add_argument("--bytes", type=int,
                    help="bytes per direction per throughput run (default 1 GiB)")
-    p.add_argument("--trials", type=int, default=3,
-                   help="throughput runs per path and direction; the median is reported")
-    p.add_argument("--flows", type=int, default=1000,
+    p.add_argument("--trials", type=int,
+                   help="throughput runs per path and direction; the median is reported "
+                        "(default 3)")
+    p.add_argument("--flows", type=int,
                    help="concurrent tunnels held for the memory reading (default 1000)")
-    p.add_argument("--budget", type=float, default=170.0,
+    p.add_argument("--budget", type=float, default=120.0,
                    help="seconds; past this, further throughput trials are skipped")
     p.add_argument("--only", default="",
                    help="comma-separated subset of sam-box,squid,tinyproxy (direct always runs)")
     p.add_argument("--quick", action="store_true",
-                   help="smoke run: 400 set-ups, 128 MiB, 1 trial, 200 flows")
+                   help="smoke run: 400 set-ups, 128 MiB, 1 trial, 200 flows (explicit flags win)")
     p.add_argument("--out", default="", help="JSON result path (default bench/results/…)")
     p.add_argument("--logs", default="",
                    help="directory for the proxies' logs (default: all logs go to /dev/null)")
@@ -116,8 +134,14 @@ def parse_args(argv):
     p.add_argument("--netns", default="", help=argparse.SUPPRESS)
     p.add_argument("--binary-id", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.quick:
-        args.setups, args.bytes, args.trials, args.flows = 400, 128 * MIB, 1, 200
+    defaults = {"setups": 400, "bytes": 128 * MIB, "trials": 1, "flows": 200} if args.quick \
+        else {"setups": 2000, "bytes": GIB, "trials": 3, "flows": 1000}
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    for key in defaults:
+        if getattr(args, key) < 1:
+            p.error(f"--{key} must be at least 1")
     return args
 
 
@@ -146,6 +170,39 @@ def find_load_tool(explicit):
     return build_dir / "sam-box-bench-load"
 
 
+def sweep_stale():
+    """Removes what a run killed with SIGKILL left behind (its children die with it, through
+    PR_SET_PDEATHSIG; its namespace, hosts file and work directory do not). Each carries the
+    PID of the run that made it; only those whose run is gone are removed."""
+    def dead(pid):
+        return pid.isdigit() and not os.path.exists(f"/proc/{pid}")
+
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    for line in netns.stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if name.startswith("sambench-") and dead(name[len("sambench-"):]):
+            log(f"removing stale netns {name}")
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+    etc = pathlib.Path("/etc/netns")
+    for d in etc.glob("sambench-*") if etc.is_dir() else ():
+        if dead(d.name[len("sambench-"):]):
+            shutil.rmtree(d, ignore_errors=True)
+    for d in pathlib.Path(tempfile.gettempdir()).glob("sam-box-bench-*-*"):
+        if dead(d.name.split("-")[3]):
+            # A server still running from that directory (none should: every child dies
+            # with its run) is killed by its exact path, then the directory goes.
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if f"{d}/".encode() in f.read():
+                            log(f"killing stale process {pid} of {d}")
+                            os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
+            log(f"removing stale {d}")
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def sh(*cmd):
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                    timeout=30)
@@ -162,10 +219,12 @@ def outer(args):
         sys.exit(f"bench: no sam-box at {sam_box}; build it with `bash scripts/build`")
     load = find_load_tool(args.load)
 
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    signal.signal(signal.SIGHUP, _raise_interrupt)
+    # Explicitly: a shell's background job starts with SIGINT ignored, and Python keeps that.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_interrupt)
+    sweep_stale()
     netns = f"sambench-{os.getpid()}"
-    workdir = tempfile.mkdtemp(prefix="sam-box-bench-")
+    workdir = tempfile.mkdtemp(prefix=f"sam-box-bench-{os.getpid()}-")
     etc = pathlib.Path("/etc/netns") / netns
     inner = None
     rc = 1
@@ -221,9 +280,10 @@ class Procs:
     def __init__(self):
         self.live = []
 
-    def start(self, name, cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
+    def start(self, name, cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+              preexec_fn=_die_with_parent):
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+                                start_new_session=True, preexec_fn=preexec_fn)
         self.live.append((name, proc))
         return proc
 
@@ -394,12 +454,12 @@ pinger_enable off
 shutdown_lifetime 0 seconds
 max_filedescriptors 16384
 workers 1
-cache_effective_user proxy
 """)
     if args.logs:
         shutil.chown(args.logs, "proxy")
     cmd = [binary, "-N", "-f", str(conf)]
-    proc = procs.start("squid", cmd)
+    pw = pwd.getpwnam("proxy")
+    proc = procs.start("squid", cmd, preexec_fn=_as_user_dying_with_parent(pw.pw_uid, pw.pw_gid))
     wait_accepting(proc, socket.AF_INET, ("127.0.0.1", listen), "squid")
     return {"proc": proc, "via": ["--via", f"tcp:127.0.0.1:{listen}", "--authority",
                                   f"{NAME}:{port}"],
@@ -482,11 +542,17 @@ class Runner:
 
     def load(self, role, via, *extra, timeout=120):
         cmd = [self.args.load, role, *via, *[str(x) for x in extra]]
-        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, timeout=timeout)
-        if r.returncode != 0:
-            raise RuntimeError(r.stderr.strip() or f"{role} exited {r.returncode}")
-        return json.loads(r.stdout)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:  # timed out or interrupted: kill it and reap it
+                proc.kill()
+                proc.wait()
+        if proc.returncode != 0:
+            raise RuntimeError(err.strip() or f"{role} exited {proc.returncode}")
+        return json.loads(out)
 
 
 def account(path, flows, up, down):
@@ -518,16 +584,23 @@ def measure_latency(run, paths, setups, blocks=8, warmup=10):
     block), so slow drift on a shared machine lands on every path alike."""
     names = list(paths)
     samples = {n: [] for n in names}
-    per_block = max(1, setups // blocks)
+    cpu = {n: [0.0, 0] for n in names}  # proxy CPU seconds, set-ups (warm-ups included)
+    blocks = min(blocks, setups)
+    per_block = setups // blocks
     for b in range(blocks):
         order = names[b % len(names):] + names[:b % len(names)]
         for n in order:
             if paths[n].get("error"):
                 continue
+            proc = paths[n].get("proc")
+            cpu0 = cpu_seconds(proc.pid) if proc else 0.0
             try:
                 out = run.load("latency", paths[n]["via"], "--count", per_block,
                                "--warmup", warmup, timeout=120)
                 samples[n] += out["samples_us"]
+                if proc:
+                    cpu[n][0] += cpu_seconds(proc.pid) - cpu0
+                    cpu[n][1] += per_block + warmup
                 k = per_block + warmup
                 account(paths[n], k, k, k)  # one byte echoed each way per set-up
             except (RuntimeError, subprocess.TimeoutExpired) as e:
@@ -540,7 +613,8 @@ def measure_latency(run, paths, setups, blocks=8, warmup=10):
             continue
         result[n] = {"count": len(v), "median_us": median(v), "p90_us": percentile(v, 90),
                      "p99_us": percentile(v, 99), "mean_us": sum(v) / len(v),
-                     "min_us": v[0], "max_us": v[-1]}
+                     "min_us": v[0], "max_us": v[-1],
+                     "proxy_cpu_us_per_setup": cpu[n][0] / cpu[n][1] * 1e6 if cpu[n][1] else None}
     return result
 
 
@@ -742,15 +816,16 @@ def print_report(res):
     out.append(f"Set-up latency, µs (connect → CONNECT → 200 → 1 byte echoed; "
                f"{m['setups']} sequential set-ups per path)")
     out.append(f"  {'path':<10} {'median':>8} {'p90':>8} {'p99':>8} {'mean':>8}"
-               f" {'×direct':>8} {'+µs':>7} {'p99×dir':>8}")
+               f" {'×direct':>8} {'+µs':>7} {'p99×dir':>8}  proxy CPU µs/set-up")
     d = lat.get("direct")
     for n, v in lat.items():
         out.append(f"  {n:<10} {v['median_us']:>8.1f} {v['p90_us']:>8.1f} {v['p99_us']:>8.1f}"
                    f" {v['mean_us']:>8.1f} {fmt(d and v['median_us'] / d['median_us'], '>8.2f')}"
                    f" {fmt(d and v['median_us'] - d['median_us'], '>7.0f')}"
-                   f" {fmt(d and v['p99_us'] / d['p99_us'], '>8.2f')}")
+                   f" {fmt(d and v['p99_us'] / d['p99_us'], '>8.2f')}"
+                   f"  {fmt(v['proxy_cpu_us_per_setup'], '>8.0f')}")
     out.append("")
-    out.append(f"Throughput, GiB/s ({m['bytes'] / GIB:g} GiB per direction, one tunnel; median of"
+    out.append(f"Throughput, GiB/s ({size(m['bytes'])} per direction, one tunnel; median of"
                f" {m['trials']} run(s); 'both' = up+down moved at once, aggregate)")
     out.append(f"  {'path':<10} {'dir':<5} {'GiB/s':>6} {'×direct':>8} {'min–max':>11}"
                f"   CPU s per GiB: {'client':>6} {'proxy':>6} {'upstream':>8}")
@@ -849,10 +924,13 @@ def run_bench(args, procs):
             p["policy_differs"] = True
             log(f"{name}: allowlist is wider than sam-box's: {c}")
 
+    phases = {"start": run.elapsed()}
     log(f"set-up latency: {args.setups} per path")
     lat = measure_latency(run, paths, args.setups)
-    log(f"throughput: {args.bytes / GIB:g} GiB per direction, {args.trials} trial(s)")
+    phases["latency"] = run.elapsed()
+    log(f"throughput: {size(args.bytes)} per direction, {args.trials} trial(s)")
     thr, skipped = measure_throughput(run, paths, args.bytes, args.trials, args.budget)
+    phases["throughput"] = run.elapsed()
     log(f"memory: 1 and {args.flows} open flows")
     for name, p in paths.items():
         if name == "direct" or p.get("error"):
@@ -867,6 +945,8 @@ def run_bench(args, procs):
             p["error"] = str(e)
             log(f"{name}: {e}")
 
+    phases["memory"] = run.elapsed()
+    meta["phases_end_s"] = {k: round(v, 1) for k, v in phases.items()}
     metrics_check = None
     sb = paths.get("sam-box", {})
     if sb.get("metrics_port"):
@@ -904,8 +984,8 @@ def run_bench(args, procs):
 
 
 def inner(args):
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    signal.signal(signal.SIGHUP, _raise_interrupt)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_interrupt)
     procs = Procs()
     try:
         return run_bench(args, procs)
