@@ -18,6 +18,9 @@ bool isFieldValue(std::string_view text);
 /// character, no byte above 0x7e.
 bool isOriginFormTarget(std::string_view text);
 
+/// ASCII case-insensitive equality (field names, tokens: RFC 9110 §5.1).
+bool equalsIgnoreCase(std::string_view a, std::string_view b);
+
 /// True if `a` and `b` are the same field name, comparing letters case-insensitively and
 /// '_' as '-' (CGI-style servers map both to one variable, RFC 3875 §4.1.18).
 bool sameFieldName(std::string_view a, std::string_view b);

@@ -10,13 +10,6 @@
 namespace proto {
 namespace {
 
-bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) ==
-                  std::tolower(static_cast<unsigned char>(y));
-         });
-}
-
 // Returns why the parsed head must not be forwarded, or nullptr. The node must see exactly
 // what the boundary saw: a name llhttp tolerates but another parser reads differently
 // ("X-Pad : x") could end the node's header section early and smuggle the rest.
@@ -31,7 +24,7 @@ const char* headProblem(std::string_view method, std::string_view url, unsigned 
   for (const auto& [name, value] : headers) {
     if (!isToken(name)) return "header field name is not a token";
     if (!isFieldValue(value)) return "header field value has a control character";
-    if (iequals(name, "upgrade")) return "Upgrade is not served inside the mesh tunnel";
+    if (equalsIgnoreCase(name, "upgrade")) return "Upgrade is not served inside the mesh tunnel";
   }
   return nullptr;
 }

@@ -1,5 +1,7 @@
 #include "proto/tunnel_request.h"
 
+#include "proto/http_syntax.h"
+
 #include <llhttp.h>
 
 #include <algorithm>
@@ -8,16 +10,9 @@
 namespace proto {
 namespace {
 
-bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) ==
-                  std::tolower(static_cast<unsigned char>(y));
-         });
-}
-
 const std::string* findHeader(const TunnelRequest& req, std::string_view name) {
   for (const auto& [k, v] : req.headers) {
-    if (iequals(k, name)) return &v;
+    if (equalsIgnoreCase(k, name)) return &v;
   }
   return nullptr;
 }
@@ -29,7 +24,7 @@ bool listsToken(std::string_view value, std::string_view token) {
     std::string_view item = value.substr(0, comma);
     while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
     while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
-    if (iequals(item, token)) return true;
+    if (equalsIgnoreCase(item, token)) return true;
     if (comma == std::string_view::npos) break;
     value.remove_prefix(comma + 1);
   }
@@ -171,7 +166,7 @@ TunnelRequestParser::Status TunnelRequestParser::finish() {
   if (method_ == "GET") {
     const std::string* upgrade = findHeader(request_, "upgrade");
     const std::string* connection = findHeader(request_, "connection");
-    if (upgrade == nullptr || !iequals(*upgrade, "connect-udp")) {
+    if (upgrade == nullptr || !equalsIgnoreCase(*upgrade, "connect-udp")) {
       error_ = "only CONNECT and connect-udp upgrades are served";
       return Status::kMethodNotAllowed;
     }
