@@ -27,8 +27,11 @@ inline constexpr std::chrono::milliseconds kUdpIdleTimeout{60'000};
 inline constexpr std::chrono::milliseconds kAcceptBackoff{50};
 /// File descriptors a flow may hold: two sockets and two pipes (one per relay direction).
 inline constexpr size_t kFdsPerFlow = 6;
-/// Bytes moved per splice(2) call.
+/// Bytes moved per splice(2) call from a TCP socket (the default pipe size).
 inline constexpr size_t kSpliceChunkBytes = size_t{64} * 1024;
+/// Bytes moved per splice(2) call from a Unix socket, and the pipe size asked for then
+/// (fs.pipe-max-size is 1 MiB by default).
+inline constexpr size_t kSpliceChunkFromUnixBytes = size_t{1024} * 1024;
 /// Read buffer of the userspace copies (mesh requests, capsules, request heads).
 inline constexpr size_t kReadBufferBytes = size_t{16} * 1024;
 /// Longest credential token file read, in bytes.

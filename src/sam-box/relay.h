@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <asio/awaitable.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
+#include <asio/local/stream_protocol.hpp>
 #include <asio/socket_base.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -21,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <system_error>
+#include <type_traits>
 
 namespace sambox {
 
@@ -35,11 +37,20 @@ asio::awaitable<void> spliceOneWay(Src& src, Dst& dst, uint64_t& moved) {
   common::UniqueFd pipe_r;
   common::UniqueFd pipe_w;
   makePipe(&pipe_r, &pipe_w);
+  // Reading a Unix socket into a pipe copies (unix_stream_splice_read), so moving from the
+  // sandbox side is cheaper in large steps; from TCP, skbs are referenced and the default
+  // 64 KiB keeps the agent's reads small. Best effort: past the user's pipe-page budget
+  // (fs.pipe-user-pages-soft) the default size simply stays.
+  constexpr bool kFromUnix = std::is_same_v<Src, asio::local::stream_protocol::socket>;
+  const size_t chunk = kFromUnix ? kSpliceChunkFromUnixBytes : kSpliceChunkBytes;
+  if constexpr (kFromUnix) {
+    (void)::fcntl(pipe_w.get(), F_SETPIPE_SZ, static_cast<int>(chunk));
+  }
   src.native_non_blocking(true);
   dst.native_non_blocking(true);
   for (;;) {
-    const ssize_t in = ::splice(src.native_handle(), nullptr, pipe_w.get(), nullptr,
-                                kSpliceChunkBytes, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    const ssize_t in = ::splice(src.native_handle(), nullptr, pipe_w.get(), nullptr, chunk,
+                                SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
     if (in == 0) break;
     if (in < 0) {
       if (errno == EAGAIN || errno == EINTR) {
