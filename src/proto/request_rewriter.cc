@@ -38,19 +38,15 @@ struct RequestStreamRewriter::Llhttp {
 
   static RequestStreamRewriter& self(llhttp_t* p) { return *static_cast<Llhttp*>(p->data)->owner; }
   static int onMessageBegin(llhttp_t* p) {
-    auto& s = self(p);
-    s.last_was_value_ = false;
-    s.method_.clear();
-    s.url_.clear();
-    s.headers_.clear();
+    self(p).head_.clear();
     return 0;
   }
   static int onMethod(llhttp_t* p, const char* at, size_t n) {
-    self(p).method_.append(at, n);
+    self(p).head_.appendMethod(at, n);
     return 0;
   }
   static int onUrl(llhttp_t* p, const char* at, size_t n) {
-    self(p).url_.append(at, n);
+    self(p).head_.appendTarget(at, n);
     return 0;
   }
   static int onHeaderField(llhttp_t* p, const char* at, size_t n) {
@@ -61,18 +57,10 @@ struct RequestStreamRewriter::Llhttp {
       s.error_ = "trailer fields are not forwarded";
       return HPE_USER;
     }
-    if (s.last_was_value_ || s.headers_.empty()) {
-      if (s.headers_.size() >= kMaxHeaderFields) return HPE_USER;
-      s.headers_.emplace_back();
-      s.last_was_value_ = false;
-    }
-    s.headers_.back().first.append(at, n);
-    return 0;
+    return s.head_.appendFieldName(at, n) ? 0 : HPE_USER;
   }
   static int onHeaderValue(llhttp_t* p, const char* at, size_t n) {
-    auto& s = self(p);
-    s.last_was_value_ = true;
-    s.headers_.back().second.append(at, n);
+    self(p).head_.appendFieldValue(at, n);
     return 0;
   }
   static int onHeadersComplete(llhttp_t* p) {
@@ -106,10 +94,10 @@ RequestStreamRewriter::~RequestStreamRewriter() = default;
 
 void RequestStreamRewriter::emitHead(std::string* out) {
   const llhttp_t& p = llhttp_->parser;
-  out->append(method_).append(" ").append(url_).append(" HTTP/");
+  out->append(head_.method).append(" ").append(head_.target).append(" HTTP/");
   out->append(std::to_string(p.http_major)).append(".").append(std::to_string(p.http_minor));
   out->append("\r\n");
-  for (const auto& [name, value] : headers_) {
+  for (const auto& [name, value] : head_.headers) {
     if (sameFieldName(name, header_name_)) continue;
     out->append(name).append(": ").append(value).append("\r\n");
   }
@@ -146,7 +134,8 @@ RequestStreamRewriter::Status RequestStreamRewriter::feed(std::string_view data,
     }
     if (head_done_) {
       const llhttp_t& p = llhttp_->parser;
-      if (const char* problem = headProblem(method_, url_, p.http_major, p.http_minor, headers_)) {
+      if (const char* problem =
+              headProblem(head_.method, head_.target, p.http_major, p.http_minor, head_.headers)) {
         error_ = problem;
         return status_ = Status::kMalformed;
       }

@@ -10,7 +10,7 @@
 // names that are not tokens, control characters, targets not in origin-form, HTTP/2+).
 // "X_Sam_Agent" counts as the same field as "X-Sam-Agent".
 
-#include "proto/tunnel_request.h"
+#include "proto/request_head.h"
 
 #include <memory>
 #include <string>
@@ -55,12 +55,9 @@ class RequestStreamRewriter {
   bool in_head_ = true;
   bool head_done_ = false;     // paused at the end of a head
   bool message_done_ = false;  // paused at the end of a message
-  bool last_was_value_ = false;
   size_t head_bytes_ = 0;
   size_t requests_ = 0;
-  std::string method_;
-  std::string url_;
-  std::vector<std::pair<std::string, std::string>> headers_;
+  RequestHead head_;
 };
 
 }  // namespace proto

@@ -87,27 +87,18 @@ struct TunnelRequestParser::Llhttp {
 
   static TunnelRequestParser& self(llhttp_t* p) { return *static_cast<Llhttp*>(p->data)->owner; }
   static int onMethod(llhttp_t* p, const char* at, size_t n) {
-    self(p).method_.append(at, n);
+    self(p).head_.appendMethod(at, n);
     return 0;
   }
   static int onUrl(llhttp_t* p, const char* at, size_t n) {
-    self(p).url_.append(at, n);
+    self(p).head_.appendTarget(at, n);
     return 0;
   }
   static int onHeaderField(llhttp_t* p, const char* at, size_t n) {
-    auto& s = self(p);
-    if (s.last_was_value_ || s.request_.headers.empty()) {
-      if (s.request_.headers.size() >= kMaxHeaderFields) return HPE_USER;
-      s.request_.headers.emplace_back();
-      s.last_was_value_ = false;
-    }
-    s.request_.headers.back().first.append(at, n);
-    return 0;
+    return self(p).head_.appendFieldName(at, n) ? 0 : HPE_USER;
   }
   static int onHeaderValue(llhttp_t* p, const char* at, size_t n) {
-    auto& s = self(p);
-    s.last_was_value_ = true;
-    s.request_.headers.back().second.append(at, n);
+    self(p).head_.appendFieldValue(at, n);
     return 0;
   }
   static int onHeadersComplete(llhttp_t* p) {
@@ -149,6 +140,7 @@ TunnelRequestParser::Status TunnelRequestParser::feed(std::string_view data) {
 }
 
 TunnelRequestParser::Status TunnelRequestParser::finish() {
+  request_.headers = std::move(head_.headers);
   if (llhttp_->parser.http_major != 1 || llhttp_->parser.http_minor != 1) {
     error_ = "only HTTP/1.1 is spoken here";
     return Status::kMalformed;
@@ -158,12 +150,12 @@ TunnelRequestParser::Status TunnelRequestParser::finish() {
     error_ = "a tunnel request must not carry a body";
     return Status::kMalformed;
   }
-  if (method_ == "CONNECT") {
+  if (head_.method == "CONNECT") {
     request_.kind = TunnelKind::kConnectTcp;
-    request_.authority = url_;
+    request_.authority = head_.target;
     return Status::kComplete;
   }
-  if (method_ == "GET") {
+  if (head_.method == "GET") {
     const std::string* upgrade = findHeader(request_, "upgrade");
     const std::string* connection = findHeader(request_, "connection");
     if (upgrade == nullptr || !equalsIgnoreCase(*upgrade, "connect-udp")) {
@@ -179,11 +171,11 @@ TunnelRequestParser::Status TunnelRequestParser::finish() {
       error_ = "connect-udp needs Capsule-Protocol: ?1";
       return Status::kMalformed;
     }
-    if (!connectUdpAuthority(url_, &request_.authority, &error_)) return Status::kMalformed;
+    if (!connectUdpAuthority(head_.target, &request_.authority, &error_)) return Status::kMalformed;
     request_.kind = TunnelKind::kConnectUdp;
     return Status::kComplete;
   }
-  error_ = "method " + method_ + " is not served";
+  error_ = "method " + head_.method + " is not served";
   return Status::kMethodNotAllowed;
 }
 

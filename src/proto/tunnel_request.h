@@ -5,6 +5,8 @@
 // llhttp. Input is untrusted: the head is bounded, nothing after it is looked at, and every
 // malformation is reported as a status, never an exception or an abort.
 
+#include "proto/request_head.h"
+
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -13,12 +15,6 @@
 #include <vector>
 
 namespace proto {
-
-/// Most bytes of request head (request line + headers + blank line) read before answering
-/// 431 Request Header Fields Too Large (RFC 6585 §5).
-inline constexpr size_t kMaxRequestHeadBytes = size_t{8} * 1024;
-/// Most header fields accepted in one head.
-inline constexpr size_t kMaxHeaderFields = 64;
 
 enum class TunnelKind { kConnectTcp, kConnectUdp };
 
@@ -67,9 +63,7 @@ class TunnelRequestParser {
   size_t head_bytes_ = 0;
   size_t consumed_ = 0;
   bool headers_done_ = false;
-  bool last_was_value_ = false;
-  std::string method_;
-  std::string url_;
+  RequestHead head_;
   TunnelRequest request_;
   std::string error_;
 };
