@@ -62,16 +62,22 @@ asio::awaitable<std::vector<asio::ip::address>> Server::resolvePermitted(
   co_return std::move(result.addresses);
 }
 
-asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
-  const auto deadline = asio::steady_timer::clock_type::now() + kConnectTimeout;
+asio::awaitable<std::vector<asio::ip::address>> Server::resolveOrRefuse(
+    UnixSocket& agent, Flow& flow, asio::steady_timer::time_point deadline) {
   const char* reason = nullptr;
-  const auto addresses =
+  auto addresses =
       co_await resolvePermitted(flow.record.decision, deadline, &reason, &flow.record.address);
   if (addresses.empty()) {
     co_await refuse(agent, flow, resolveFailureStatus(reason), reason,
                     reason != kReasonForbiddenAddress);
-    co_return;
   }
+  co_return addresses;
+}
+
+asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
+  const auto deadline = asio::steady_timer::clock_type::now() + kConnectTimeout;
+  const auto addresses = co_await resolveOrRefuse(agent, flow, deadline);
+  if (addresses.empty()) co_return;
   asio::steady_timer connect_deadline(io_, deadline);
   TcpSocket upstream(io_);
   bool connected = false;
@@ -120,14 +126,8 @@ asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
 
 asio::awaitable<void> Server::externalUdp(UnixSocket& agent, Flow& flow) {
   const auto deadline = asio::steady_timer::clock_type::now() + kConnectTimeout;
-  const char* reason = nullptr;
-  const auto addresses =
-      co_await resolvePermitted(flow.record.decision, deadline, &reason, &flow.record.address);
-  if (addresses.empty()) {
-    co_await refuse(agent, flow, resolveFailureStatus(reason), reason,
-                    reason != kReasonForbiddenAddress);
-    co_return;
-  }
+  const auto addresses = co_await resolveOrRefuse(agent, flow, deadline);
+  if (addresses.empty()) co_return;
   const asio::ip::udp::endpoint target(addresses.front(), flow.record.decision.port);
   asio::ip::udp::socket upstream(io_);
   asio::error_code ec;

@@ -57,6 +57,10 @@ class Server {
   asio::awaitable<std::vector<asio::ip::address>> resolvePermitted(
       const Decision& d, asio::steady_timer::time_point deadline, const char** reason,
       std::string* offending);
+  /// resolvePermitted() for the flow's target; on failure answers the agent (403/502/504)
+  /// and records the flow, then returns an empty list.
+  asio::awaitable<std::vector<asio::ip::address>> resolveOrRefuse(
+      UnixSocket& agent, Flow& flow, asio::steady_timer::time_point deadline);
   asio::awaitable<void> externalTcp(UnixSocket& agent, Flow& flow);
   asio::awaitable<void> externalUdp(UnixSocket& agent, Flow& flow);
   asio::awaitable<void> meshEntrypoint(UnixSocket& agent, Flow& flow);
