@@ -17,7 +17,6 @@ import subprocess
 
 import pytest
 
-from boxlib import STD_ALLOW, SamBox, bundle_yaml
 from nano_fixtures import (dummy_boundary, nano, nano_has_netstack,  # noqa: F401
                            nano_tmp, run_nano)
 
@@ -28,19 +27,10 @@ SMALL = "hello from upstream\n"
 REFUSAL_MS = 1000
 
 
-@pytest.fixture(scope="module")
-def clients_box(topo, sidecar):
-    b = SamBox(topo, bundle=bundle_yaml(allow=STD_ALLOW),
-               args=["--insecure-unverified-bundle", "--sidecar-socket", sidecar.path])
-    b.start()
-    yield b
-    b.kill()
-
-
 @pytest.fixture
-def box(nano, clients_box):
-    assert clients_box.alive, f"sam-box died:\n{clients_box.stderr_text()[-3000:]}"
-    return clients_box
+def box(nano, std_box):
+    assert std_box.alive, f"sam-box died:\n{std_box.stderr_text()[-3000:]}"
+    return std_box
 
 
 def sandbox(box, script, timeout=60):

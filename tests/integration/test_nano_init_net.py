@@ -10,7 +10,7 @@ import time
 import pytest
 
 import boxlib
-from boxlib import STD_ALLOW, SamBox, bundle_yaml, delta, wait_for
+from boxlib import delta, wait_for
 from nano_fixtures import (NANO_INIT, dummy_boundary, nano, nano_command,  # noqa: F401
                            nano_has_netstack, nano_tmp, run_nano)
 
@@ -75,28 +75,19 @@ def test_getent_gets_a_synthetic_address(nano, dummy_boundary):
 # End to end through a real sam-box
 
 
-@pytest.fixture(scope="module")
-def nano_box(topo, sidecar):
-    b = SamBox(topo, bundle=bundle_yaml(allow=STD_ALLOW),
-               args=["--insecure-unverified-bundle", "--sidecar-socket", sidecar.path])
-    b.start()
-    yield b
-    b.kill()
-
-
-def test_allowed_name_works_through_sam_box(nano, nano_box):
-    r = run_nano(nano_box.socket_path,
+def test_allowed_name_works_through_sam_box(nano, std_box):
+    r = run_nano(std_box.socket_path,
                  ["curl", "-sS", "--max-time", "10", "http://api.example.com/small.txt"])
     assert r.returncode == 0, r.stderr
     assert r.stdout == "hello from upstream\n"
 
 
-def test_denied_name_is_refused_quickly(nano, nano_box):
+def test_denied_name_is_refused_quickly(nano, std_box):
     # -v: curl sums up a refusal of both families as "Couldn't connect to server"; each
     # connect() underneath must have failed with ECONNREFUSED.
     script = ("s=$(date +%s%N); curl -sSv --max-time 5 http://denied.example.org/ 2>&1; "
               "echo rc=$?; e=$(date +%s%N); echo ms=$(( (e - s) / 1000000 ))")
-    r = run_nano(nano_box.socket_path, ["sh", "-c", script])
+    r = run_nano(std_box.socket_path, ["sh", "-c", script])
     assert "Connection refused" in r.stdout, r.stdout + r.stderr
     assert "rc=7" in r.stdout
     ms = int(re.search(r"ms=(\d+)", r.stdout).group(1))
@@ -104,12 +95,12 @@ def test_denied_name_is_refused_quickly(nano, nano_box):
     assert "timed out" not in r.stdout
 
 
-def test_literal_ip_is_refused_and_counted_unresolved(nano, nano_box):
-    before = nano_box.metrics()
-    r = run_nano(nano_box.socket_path,
+def test_literal_ip_is_refused_and_counted_unresolved(nano, std_box):
+    before = std_box.metrics()
+    r = run_nano(std_box.socket_path,
                  ["curl", "-sSv", "--max-time", "5", "http://198.18.0.2/small.txt"])
     assert r.returncode == 7 and "Connection refused" in r.stderr, r.stderr
-    wait_for(lambda: delta(before, nano_box.metrics(), "sam_box_flows_total",
+    wait_for(lambda: delta(before, std_box.metrics(), "sam_box_flows_total",
                            outcome="denied", route="unresolved") >= 1,
              what="the unresolved flow in the metrics")
 

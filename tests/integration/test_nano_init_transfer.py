@@ -14,7 +14,6 @@ import shlex
 
 import pytest
 
-from boxlib import STD_ALLOW, SamBox, bundle_yaml
 from nano_fixtures import (dummy_boundary, nano, nano_has_netstack,  # noqa: F401
                            nano_tmp, run_nano)
 
@@ -24,19 +23,10 @@ DENIED = "denied.example.org"  # not in STD_ALLOW: the virtual DNS answers it, s
 BULK = 100 << 20
 
 
-@pytest.fixture(scope="module")
-def transfer_box(topo, sidecar):
-    b = SamBox(topo, bundle=bundle_yaml(allow=STD_ALLOW),
-               args=["--insecure-unverified-bundle", "--sidecar-socket", sidecar.path])
-    b.start()
-    yield b
-    b.kill()
-
-
 @pytest.fixture
-def box(nano, transfer_box):
-    assert transfer_box.alive, f"sam-box died:\n{transfer_box.stderr_text()[-3000:]}"
-    return transfer_box
+def box(nano, std_box):
+    assert std_box.alive, f"sam-box died:\n{std_box.stderr_text()[-3000:]}"
+    return std_box
 
 
 @pytest.fixture(scope="module")
