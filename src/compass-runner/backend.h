@@ -1,0 +1,93 @@
+#pragma once
+// The backend seam (seed 002, "The tiers"): every tier implements Backend, and selectBackend()
+// is the one function that picks it (the seed's SelectBackend). Nothing above this header
+// knows which tier runs an agent.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace runner {
+
+/// A start-up or configuration refusal. what() names the flag, field or step and the reason;
+/// the CLI prints it and exits non-zero. Nothing is left running when it is thrown from
+/// Backend::start().
+class RunnerError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// How egress is held (seed 002 "Egress"; DESIGN.md "Two egress mechanisms").
+enum class Posture { kBoundary, kFirewall, kUnenforced };
+/// "boundary", "firewall", "unenforced" (the roster's words).
+std::string_view postureName(Posture p);
+
+/// Resource limits. Absent = the tier's default (no limit set by us).
+struct Resources {
+  std::optional<uint64_t> memory_bytes;  ///< --memory, bytes
+  std::optional<double> cpus;            ///< --cpus, CPUs (may be fractional)
+  std::optional<uint64_t> pids;          ///< --pids, max tasks
+};
+
+/// One agent to run, as the operator asked for it (already syntax-checked by the CLI).
+struct AgentSpec {
+  std::string id;                 ///< sandbox id, `[a-z0-9-]{1,40}`; unique on this host
+  std::string bundle_path;        ///< --bundle FILE, empty if none
+  std::vector<std::string> egress_allow;  ///< --egress-allow, in order given
+  /// True when the operator configured an egress policy at all: --egress-allow given (even
+  /// an explicitly empty value), --egress given, or a bundle with an `egress` section. The
+  /// host tier refuses any of these (seed 002, "host": refuse rather than ignore).
+  bool egress_configured = false;
+  std::optional<Posture> egress;  ///< --egress boundary|firewall; absent = tier default
+  std::string image;              ///< --image IMG; empty = default image (podman/microvm)
+  std::string rootfs;             ///< --rootfs DIR; empty = use image
+  Resources resources;
+  std::string workdir;            ///< --workdir DIR; empty = tier default
+  std::vector<std::string> command;  ///< CMD ARGS… after `--`; never empty
+  std::string sidecar_socket;     ///< sam-node's API socket for mesh.sam.alt; empty = none
+};
+
+/// What a started agent looks like to the roster (written to its state dir's agent.json).
+struct Started {
+  int pid = -1;                   ///< host pid of the agent's first process (or the VM)
+  std::string state_dir;          ///< the agent's private 0700 directory
+  std::string metrics_addr;       ///< sam-box's "127.0.0.1:PORT"; empty when no sam-box
+};
+
+/// One tier. A Backend object runs at most one agent. Thread-compatible, not thread-safe:
+/// the runner calls it from one thread, except stop(), which may come from a signal watcher.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  /// The tier's name as --backend spells it ("host", "podman", "microvm").
+  [[nodiscard]] virtual std::string_view name() const = 0;
+  /// The egress posture this backend gives `spec` (before or after start).
+  [[nodiscard]] virtual Posture posture(const AgentSpec& spec) const = 0;
+  /// Arms everything, in order, then execs the agent. Throws RunnerError naming the failed
+  /// step; on throw, everything already set up is torn down (fail closed).
+  virtual Started start(const AgentSpec& spec) = 0;
+  /// Blocks until the agent exits; returns its status as a shell reports it (0..255; 128+N
+  /// when a signal N ended it). Tears the sandbox down before returning.
+  virtual int wait() = 0;
+  /// Asks the agent to end (SIGTERM, then SIGKILL after `grace`); wait() then returns.
+  virtual void stop(std::chrono::milliseconds grace) = 0;
+  /// Changes the limits of the running agent. Throws RunnerError where the tier has no
+  /// means to (host: no cgroup) — never pretends.
+  virtual void resize(const Resources& resources) = 0;
+};
+
+/// The seed's SelectBackend: `flag` (--backend; nullopt when not given) wins over `env`
+/// (COMPASS_RUNTIME_BACKEND; nullptr when unset). ""/"podman" → podman (default), "microvm",
+/// "host"; "apple-container" is valid but throws RunnerError saying it needs macOS; any other
+/// name throws RunnerError listing the valid ones.
+std::unique_ptr<Backend> selectBackend(const std::optional<std::string>& flag, const char* env);
+
+/// The names selectBackend() accepts, in the order the error message lists them.
+const std::vector<std::string>& validBackendNames();
+
+}  // namespace runner

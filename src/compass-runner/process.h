@@ -1,0 +1,61 @@
+#pragma once
+// The only place the runner starts a subprocess (seed 002, podman: "the only place a
+// subprocess is spawned"). podman, nft, ip, sam-box and the host-tier agent all start here,
+// so a reviewer audits one file for what the runner executes and with which environment.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace runner {
+
+/// How to start a child. argv[0] is looked up on PATH when it has no slash.
+struct SpawnOptions {
+  std::vector<std::string> argv;
+  /// Environment of the child; nullopt = inherit the runner's.
+  std::optional<std::map<std::string, std::string>> env;
+  std::string cwd;                 ///< empty = the runner's
+  /// Descriptors given to the child as 3, 4, … in this order (e.g. tun0 for podman
+  /// --preserve-fds); every other descriptor above 2 is closed in the child.
+  std::vector<int> pass_fds;
+  std::string netns_path;          ///< setns(CLONE_NEWNET) to this file first; empty = none
+  std::string stdin_path = "/dev/null";   ///< empty = inherit
+  std::string stdout_path;         ///< empty = inherit; else opened O_APPEND|O_CREAT 0600
+  std::string stderr_path;         ///< empty = inherit; else opened O_APPEND|O_CREAT 0600
+  bool new_session = false;        ///< setsid() in the child (detach from the terminal)
+  bool die_with_parent = true;     ///< PR_SET_PDEATHSIG SIGKILL
+};
+
+/// Starts a child and returns its pid. Throws RunnerError naming argv[0] and errno (exec
+/// failure is reported from the child through a CLOEXEC pipe, so a missing program is an
+/// error here, not a silent exit 127).
+pid_t spawn(const SpawnOptions& opts);
+
+/// The result of a command run to completion.
+struct CommandResult {
+  int status = -1;   ///< exit code, 128+N for signal N, -1 if killed for the timeout
+  std::string out;   ///< stdout (capped at 1 MiB)
+  std::string err;   ///< stderr (capped at 1 MiB)
+};
+
+/// Runs argv to completion with `input` on its stdin and output captured; kills it after
+/// `timeout`. `netns_path` as in SpawnOptions. Throws RunnerError if it cannot start.
+CommandResult runCommand(const std::vector<std::string>& argv, const std::string& input = "",
+                         std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                         const std::string& netns_path = "");
+
+/// runCommand(), throwing RunnerError("<what>: <argv joined>: exit N: <stderr>") unless it
+/// exits 0. Returns stdout.
+std::string runChecked(const std::string& what, const std::vector<std::string>& argv,
+                       const std::string& input = "",
+                       std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                       const std::string& netns_path = "");
+
+/// waitpid() for `pid`, retrying EINTR; returns the shell-style status (128+N for signal N).
+int waitExit(pid_t pid);
+
+}  // namespace runner

@@ -1,0 +1,56 @@
+#pragma once
+// Per-agent state directories and the roster (seed 002: "Each agent gets a private 0700
+// state dir"; issue 4 "Roster"). Each live agent has <root>/<id>/agent.json; the roster is
+// the set of those files whose runner is still alive. Roots: host tier
+// `${TMPDIR:-/tmp}/compass-host` (seed 002), podman/microvm `${COMPASS_STATE_DIR:-/run/compass-runner}`.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace runner {
+
+/// What the roster knows of one agent (agent.json in its state dir).
+struct AgentRecord {
+  std::string id;            ///< sandbox id
+  std::string tier;          ///< "host" | "podman" | "microvm"
+  std::string posture;       ///< "boundary" | "firewall" | "unenforced"
+  std::string agent_id;      ///< the bundle's agent.id, empty without a bundle
+  pid_t runner_pid = -1;     ///< the compass-runner that owns it (stop = SIGTERM to it)
+  pid_t pid = -1;            ///< the agent's (or VM's) host pid
+  int64_t started_unix_ms = 0;
+  std::string state_dir;
+  std::string metrics_addr;  ///< sam-box metrics "127.0.0.1:PORT"; empty = none
+  std::string container;     ///< podman container name; empty = none
+  std::string netns;         ///< netns name under /run/netns; empty = none
+  std::string veth;          ///< host-side veth name; empty = none
+  std::vector<std::string> command;
+};
+
+/// The state root for a tier (see file comment). Never empty.
+std::string stateRoot(const std::string& tier);
+
+/// A new random sandbox id "a" + 10 lower-case hex digits (short enough for interface
+/// names: netns `compass-<id>`, veth `cv<id>`).
+std::string newAgentId();
+
+/// Creates <root>/<id> with mode 0700 (and <root> with 0700 if missing). Refuses (throws
+/// RunnerError) if <root> is a symlink, is not owned by the caller, or is group/world
+/// writable, or if <root>/<id> exists. Returns the path.
+std::string createStateDir(const std::string& root, const std::string& id);
+
+/// Writes `rec` to <rec.state_dir>/agent.json atomically (temp file + rename), mode 0600.
+void writeRecord(const AgentRecord& rec);
+
+/// Every agent.json under every state root the caller can read, live or not.
+std::vector<AgentRecord> readRecords();
+
+/// True if the record's runner is still running (kill(pid, 0) and the same start time).
+bool runnerAlive(const AgentRecord& rec);
+
+/// Removes a state dir and everything in it. Never follows symlinks out of it.
+void removeStateDir(const std::string& dir);
+
+}  // namespace runner
