@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "compass-runner/state.h"
+
 namespace runner {
 
 /// A start-up or configuration refusal. what() names the flag, field or step and the reason;
@@ -71,14 +73,21 @@ class Backend {
   /// Arms everything, in order, then execs the agent. Throws RunnerError naming the failed
   /// step; on throw, everything already set up is torn down (fail closed).
   virtual Started start(const AgentSpec& spec) = 0;
+  /// Puts `rec`'s tier-specific fields (container, netns, veth) in place; called after
+  /// start() so the record written to agent.json lets gc reap a dead runner's leftovers.
+  virtual void describe(AgentRecord& rec) const = 0;
   /// Blocks until the agent exits; returns its status as a shell reports it (0..255; 128+N
   /// when a signal N ended it). Tears the sandbox down before returning.
   virtual int wait() = 0;
   /// Asks the agent to end (SIGTERM, then SIGKILL after `grace`); wait() then returns.
   virtual void stop(std::chrono::milliseconds grace) = 0;
-  /// Changes the limits of the running agent. Throws RunnerError where the tier has no
-  /// means to (host: no cgroup) — never pretends.
-  virtual void resize(const Resources& resources) = 0;
+  /// Changes the limits of the running agent described by `rec` (any process may call it:
+  /// `compass-runner resize ID`). Throws RunnerError where the tier has no means to (host: no
+  /// cgroup) — never pretends.
+  virtual void resize(const AgentRecord& rec, const Resources& resources) = 0;
+  /// Removes whatever a dead runner left of `rec` (container, netns, veth, nft state, sam-box,
+  /// state dir) for `compass-runner gc`. Idempotent; missing pieces are not errors.
+  virtual void reap(const AgentRecord& rec) = 0;
 };
 
 /// The seed's SelectBackend: `flag` (--backend; nullopt when not given) wins over `env`

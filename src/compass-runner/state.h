@@ -19,6 +19,7 @@ struct AgentRecord {
   std::string posture;       ///< "boundary" | "firewall" | "unenforced"
   std::string agent_id;      ///< the bundle's agent.id, empty without a bundle
   pid_t runner_pid = -1;     ///< the compass-runner that owns it (stop = SIGTERM to it)
+  uint64_t runner_starttime = 0;  ///< /proc/<runner_pid>/stat field 22, against pid reuse
   pid_t pid = -1;            ///< the agent's (or VM's) host pid
   int64_t started_unix_ms = 0;
   std::string state_dir;
@@ -26,6 +27,7 @@ struct AgentRecord {
   std::string container;     ///< podman container name; empty = none
   std::string netns;         ///< netns name under /run/netns; empty = none
   std::string veth;          ///< host-side veth name; empty = none
+  int sam_box_pid = -1;      ///< the agent's sam-box; -1 = none
   std::vector<std::string> command;
 };
 
