@@ -38,7 +38,10 @@ struct Resources {
 
 /// One agent to run, as the operator asked for it (already syntax-checked by the CLI).
 struct AgentSpec {
-  std::string id;                 ///< sandbox id, `[a-z0-9-]{1,40}`; unique on this host
+  std::string id;                 ///< sandbox id (state.h newAgentId()); unique on this host
+  /// The agent's private 0700 state dir, created by the runner (state.h createStateDir())
+  /// under stateRoot(tier) before start(); the backend puts its sockets, logs, $HOME there.
+  std::string state_dir;
   std::string bundle_path;        ///< --bundle FILE, empty if none
   std::vector<std::string> egress_allow;  ///< --egress-allow, in order given
   /// True when the operator configured an egress policy at all: --egress-allow given (even
@@ -88,6 +91,10 @@ class Backend {
   /// Removes whatever a dead runner left of `rec` (container, netns, veth, nft state, sam-box,
   /// state dir) for `compass-runner gc`. Idempotent; missing pieces are not errors.
   virtual void reap(const AgentRecord& rec) = 0;
+  /// For gc: removes what this tier left for sandboxes whose id is not in `live_ids` and
+  /// that have no agent.json at all (a runner killed before it wrote one). Names are
+  /// derived from the id (container/netns `compass-<id>`, veth `cv<id>`), so they are found.
+  virtual void reapOrphans(const std::vector<std::string>& live_ids) { (void)live_ids; }
 };
 
 /// The seed's SelectBackend: `flag` (--backend; nullopt when not given) wins over `env`
@@ -95,6 +102,11 @@ class Backend {
 /// "host"; "apple-container" is valid but throws RunnerError saying it needs macOS; any other
 /// name throws RunnerError listing the valid ones.
 std::unique_ptr<Backend> selectBackend(const std::optional<std::string>& flag, const char* env);
+
+/// Factories, one per tier (host_backend.cc, podman_backend.cc, microvm_backend.cc).
+std::unique_ptr<Backend> makeHostBackend();
+std::unique_ptr<Backend> makePodmanBackend();
+std::unique_ptr<Backend> makeMicrovmBackend();
 
 /// The names selectBackend() accepts, in the order the error message lists them.
 const std::vector<std::string>& validBackendNames();
