@@ -38,12 +38,17 @@ struct Resources {
 
 /// One agent to run, as the operator asked for it (already syntax-checked by the CLI).
 struct AgentSpec {
-  std::string id;                 ///< sandbox id (state.h newAgentId()); unique on this host
+  std::string id;  ///< sandbox id (state.h newAgentId()); unique on this host
   /// The agent's private 0700 state dir, created by the runner (state.h createStateDir())
   /// under stateRoot(tier) before start(); the backend puts its sockets, logs, $HOME there.
   std::string state_dir;
-  std::string bundle_path;        ///< --bundle FILE, empty if none
-  std::vector<std::string> egress_allow;  ///< --egress-allow, in order given
+  std::string bundle_path;  ///< --bundle FILE, empty if none
+  std::string agent_id;     ///< the bundle's agent.id; empty without a bundle
+  /// The effective allowlist, each entry normalized (policy::AllowRule::text()): the
+  /// --egress-allow entries in the order given, then the bundle's egress.allow, duplicates
+  /// dropped. sam-box gets both the bundle and these (it ignores duplicates); the firewall
+  /// needs them all here. An explicitly empty `--egress-allow ""` adds no entry.
+  std::vector<std::string> egress_allow;
   /// True when the operator configured an egress policy at all: --egress-allow given (even
   /// an explicitly empty value), --egress given, or a bundle with an `egress` section. The
   /// host tier refuses any of these (seed 002, "host": refuse rather than ignore).
@@ -52,16 +57,16 @@ struct AgentSpec {
   std::string image;              ///< --image IMG; empty = default image (podman/microvm)
   std::string rootfs;             ///< --rootfs DIR; empty = use image
   Resources resources;
-  std::string workdir;            ///< --workdir DIR; empty = tier default
+  std::string workdir;               ///< --workdir DIR; empty = tier default
   std::vector<std::string> command;  ///< CMD ARGS… after `--`; never empty
-  std::string sidecar_socket;     ///< sam-node's API socket for mesh.sam.alt; empty = none
+  std::string sidecar_socket;        ///< sam-node's API socket for mesh.sam.alt; empty = none
 };
 
 /// What a started agent looks like to the roster (written to its state dir's agent.json).
 struct Started {
-  int pid = -1;                   ///< host pid of the agent's first process (or the VM)
-  std::string state_dir;          ///< the agent's private 0700 directory
-  std::string metrics_addr;       ///< sam-box's "127.0.0.1:PORT"; empty when no sam-box
+  int pid = -1;              ///< host pid of the agent's first process (or the VM)
+  std::string state_dir;     ///< the agent's private 0700 directory
+  std::string metrics_addr;  ///< sam-box's "127.0.0.1:PORT"; empty when no sam-box
 };
 
 /// One tier. A Backend object runs at most one agent. Thread-compatible, not thread-safe:
@@ -73,6 +78,10 @@ class Backend {
   [[nodiscard]] virtual std::string_view name() const = 0;
   /// The egress posture this backend gives `spec` (before or after start).
   [[nodiscard]] virtual Posture posture(const AgentSpec& spec) const = 0;
+  /// Refuses (throws RunnerError with the reason and what to do instead) a spec this tier
+  /// cannot honour, before anything is created: no state dir, no process. `spec.id` and
+  /// `spec.state_dir` are still empty here. start() checks the same again.
+  virtual void validate(const AgentSpec& spec) const { (void)spec; }
   /// Arms everything, in order, then execs the agent. Throws RunnerError naming the failed
   /// step; on throw, everything already set up is torn down (fail closed).
   virtual Started start(const AgentSpec& spec) = 0;

@@ -1,0 +1,326 @@
+#include "compass-runner/options.h"
+
+#include <sys/sysinfo.h>
+#include <yaml-cpp/yaml.h>
+
+#include <CLI/CLI.hpp>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "policy/allowlist.h"
+#include "policy/bundle.h"
+
+namespace runner {
+namespace {
+
+constexpr size_t kMaxUnixPath = 107;  // sizeof(sockaddr_un::sun_path) - 1
+
+std::string quoted(std::string_view flag, std::string_view text) {
+  return std::string(flag) + " \"" + std::string(text) + "\"";
+}
+
+bool allDigits(std::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+  }
+  return true;
+}
+
+// Reads the bundle once (so the strict parse and the `egress` key check see the same text),
+// with the same size cap as policy::loadBundle.
+std::string readBundleText(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    throw RunnerError(quoted("--bundle", path) + ": not a readable regular file");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw RunnerError(quoted("--bundle", path) + ": cannot be opened");
+  std::string text;
+  text.resize(policy::kMaxBundleBytes + 1);
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > policy::kMaxBundleBytes) {
+    throw RunnerError(quoted("--bundle", path) + ": larger than " +
+                      std::to_string(policy::kMaxBundleBytes) + " bytes");
+  }
+  return text;
+}
+
+// Loads the bundle into `spec`: agent.id, and egress.allow appended to the allowlist. A bundle
+// with an `egress` key (even `egress: {}`) is a configured policy: the host tier must refuse it
+// rather than run as if it were not there (seed 002, "host").
+void applyBundle(const std::string& path, AgentSpec& spec, std::vector<policy::AllowRule>& rules) {
+  const std::string text = readBundleText(path);
+  policy::Bundle bundle;
+  try {
+    bundle = policy::parseBundle(text);
+  } catch (const policy::BundleError& e) {
+    throw RunnerError(quoted("--bundle", path) + ": " + e.what());
+  }
+  // parseBundle() accepted the text, so it is one YAML mapping; only the key is looked at.
+  const YAML::Node doc = YAML::Load(text);
+  if (doc.IsMap() && doc["egress"]) spec.egress_configured = true;
+  spec.agent_id = bundle.agent_id;
+  for (auto& rule : bundle.egress_allow) rules.push_back(std::move(rule));
+  spec.bundle_path = std::filesystem::absolute(path).string();
+}
+
+std::string absoluteDirectory(std::string_view flag, const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) {
+    throw RunnerError(quoted(flag, path) + ": not a directory");
+  }
+  return std::filesystem::absolute(path).lexically_normal().string();
+}
+
+// Checks the flags of `run` that the parser leaves as text and fills the spec.
+void finishRun(RunOptions& run, const std::vector<std::string>& allow, bool allow_given,
+               bool egress_given, const std::string& egress, const std::string& memory,
+               const std::string& cpus, const std::string& pids) {
+  AgentSpec& spec = run.spec;
+  std::vector<policy::AllowRule> rules;
+  if (allow_given) spec.egress_configured = true;
+  for (const auto& entry : allow) {
+    // `--egress-allow ""` states an explicitly empty allowlist (pure default-deny); it adds
+    // no rule but still counts as a configured policy.
+    if (entry.empty()) continue;
+    try {
+      rules.push_back(policy::parseAllowRule(entry));
+    } catch (const policy::AllowRuleError& e) {
+      throw RunnerError(quoted("--egress-allow", entry) + ": " + e.what());
+    }
+  }
+  if (!spec.bundle_path.empty()) applyBundle(spec.bundle_path, spec, rules);
+  for (const auto& rule : rules) {
+    std::string text = rule.text();
+    if (std::find(spec.egress_allow.begin(), spec.egress_allow.end(), text) ==
+        spec.egress_allow.end()) {
+      spec.egress_allow.push_back(std::move(text));
+    }
+  }
+  if (egress_given) {
+    spec.egress_configured = true;
+    if (egress == "boundary") {
+      spec.egress = Posture::kBoundary;
+    } else if (egress == "firewall") {
+      spec.egress = Posture::kFirewall;
+    } else {
+      throw RunnerError(quoted("--egress", egress) + ": expected boundary or firewall");
+    }
+  }
+  if (!memory.empty()) spec.resources.memory_bytes = parseBytes("--memory", memory);
+  if (!cpus.empty()) spec.resources.cpus = parseCpus("--cpus", cpus);
+  if (!pids.empty()) spec.resources.pids = parsePids("--pids", pids);
+  if (!spec.rootfs.empty()) spec.rootfs = absoluteDirectory("--rootfs", spec.rootfs);
+  if (!spec.workdir.empty() && spec.workdir.front() != '/') {
+    throw RunnerError(quoted("--workdir", spec.workdir) + ": must be an absolute path");
+  }
+  if (!spec.sidecar_socket.empty() && spec.sidecar_socket.size() > kMaxUnixPath) {
+    throw RunnerError(quoted("--sidecar-socket", spec.sidecar_socket) +
+                      ": a Unix socket path must be at most 107 bytes");
+  }
+  if (spec.command.empty()) throw RunnerError("run: CMD is required after `--`");
+  if (spec.command.front().empty()) throw RunnerError("run: CMD must not be empty");
+}
+
+void finishResize(ResizeOptions& resize, const std::string& memory, const std::string& cpus,
+                  const std::string& pids) {
+  if (!memory.empty()) resize.resources.memory_bytes = parseBytes("--memory", memory);
+  if (!cpus.empty()) resize.resources.cpus = parseCpus("--cpus", cpus);
+  if (!pids.empty()) resize.resources.pids = parsePids("--pids", pids);
+  if (!resize.resources.memory_bytes && !resize.resources.cpus && !resize.resources.pids) {
+    throw RunnerError("resize: give at least one of --memory, --cpus, --pids");
+  }
+}
+
+}  // namespace
+
+uint64_t parseBytes(std::string_view flag, std::string_view text) {
+  std::string_view digits = text;
+  unsigned shift = 0;
+  if (!digits.empty()) {
+    switch (digits.back()) {
+      case 'k':
+      case 'K':
+        shift = 10;
+        break;
+      case 'm':
+      case 'M':
+        shift = 20;
+        break;
+      case 'g':
+      case 'G':
+        shift = 30;
+        break;
+      default:
+        break;
+    }
+    if (shift != 0) digits.remove_suffix(1);
+  }
+  uint64_t value = 0;
+  const auto* end = digits.data() + digits.size();
+  if (!allDigits(digits) || std::from_chars(digits.data(), end, value).ptr != end) {
+    throw RunnerError(quoted(flag, text) +
+                      ": expected a byte count, digits with an optional k, m or g suffix "
+                      "(binary: 512m = 512 MiB)");
+  }
+  if (value == 0) throw RunnerError(quoted(flag, text) + ": must be more than zero");
+  if (value > (kMaxMemoryBytes >> shift)) {
+    throw RunnerError(quoted(flag, text) + ": more than the 1 TiB this runner accepts");
+  }
+  return value << shift;
+}
+
+double parseCpus(std::string_view flag, std::string_view text) {
+  double value = 0;
+  const auto* end = text.data() + text.size();
+  const bool shaped = !text.empty() && text.front() != '+' && text.front() != '-' &&
+                      text.find_first_not_of("0123456789.") == std::string_view::npos;
+  if (!shaped || std::from_chars(text.data(), end, value).ptr != end || !std::isfinite(value)) {
+    throw RunnerError(quoted(flag, text) + ": expected a decimal number of CPUs, e.g. 1.5");
+  }
+  const int online = get_nprocs();
+  if (value < 0.01 || value > online) {
+    throw RunnerError(quoted(flag, text) + ": must be from 0.01 to " + std::to_string(online) +
+                      " (the CPUs online)");
+  }
+  return value;
+}
+
+uint64_t parsePids(std::string_view flag, std::string_view text) {
+  uint64_t value = 0;
+  const auto* end = text.data() + text.size();
+  if (!allDigits(text) || text.size() > 10 || std::from_chars(text.data(), end, value).ptr != end ||
+      value == 0 || value > kMaxPids) {
+    throw RunnerError(quoted(flag, text) + ": expected a task count from 1 to " +
+                      std::to_string(kMaxPids));
+  }
+  return value;
+}
+
+Command parseCommandLine(int argc, const char* const* argv) {
+  CLI::App app{
+      "compass-runner: runs one AI agent in the tier you choose (host, podman, microvm), "
+      "contained as that tier promises, and keeps the roster of live agents.",
+      "compass-runner"};
+  app.set_version_flag("--version", std::string("compass-runner ") + COMPASS_VERSION);
+  app.require_subcommand(1);
+
+  RunOptions run;
+  std::string backend, egress, memory, cpus, pids;
+  std::vector<std::string> allow;
+  auto* run_cmd = app.add_subcommand(
+      "run", "Run one agent in the foreground; exits with its status (128+N for signal N)");
+  auto* backend_opt = run_cmd->add_option(
+      "--backend", backend,
+      "Tier: podman, microvm or host (default: $COMPASS_RUNTIME_BACKEND, else podman; the "
+      "flag wins)");
+  run_cmd->add_option("--bundle", run.spec.bundle_path,
+                      "Agent bundle (YAML v1): agent.id and egress.allow are used");
+  auto* allow_opt =
+      run_cmd
+          ->add_option("--egress-allow", allow,
+                       "Allowed name, *.name or name:port (repeatable; adds to the bundle's "
+                       "egress.allow). \"\" states an empty allowlist (default: none)")
+          ->allow_extra_args(false);
+  auto* egress_opt =
+      run_cmd->add_option("--egress", egress,
+                          "Egress mechanism: boundary or firewall (default: the tier's: boundary "
+                          "on podman and microvm; the host tier has none)");
+  auto* image_opt = run_cmd->add_option(
+      "--image", run.spec.image,
+      std::string("Image to run (podman, microvm) (default: ") + image::kDefaultImage + ")");
+  auto* rootfs_opt = run_cmd->add_option("--rootfs", run.spec.rootfs,
+                                         "Directory to use as the root file system instead of "
+                                         "an image (podman)");
+  image_opt->excludes(rootfs_opt);
+  rootfs_opt->excludes(image_opt);
+  run_cmd->add_option("--memory", memory,
+                      "Memory limit in bytes, or with k/m/g suffix (binary) (default: none)");
+  run_cmd->add_option("--cpus", cpus, "CPU limit, may be fractional (default: none)");
+  run_cmd->add_option("--pids", pids, "Task limit (default: none)");
+  run_cmd->add_option("--workdir", run.spec.workdir,
+                      "Absolute working directory of CMD (default: host tier: the current "
+                      "directory; podman: the image's)");
+  run_cmd->add_option("--sidecar-socket", run.spec.sidecar_socket,
+                      "sam-node's API socket, for mesh.sam.alt (default: none)");
+  run_cmd->add_option("command", run.spec.command, "CMD [ARGS…], after `--`");
+  run_cmd->footer("Put CMD after `--`: compass-runner run --backend host -- sh -c 'echo hi'");
+
+  AgentsOptions agents;
+  auto* agents_cmd = app.add_subcommand(
+      "agents", "List live agents: id, tier, egress posture, pid, uptime, flows, command");
+  agents_cmd->add_flag("--json", agents.json, "Print a JSON array instead of a table");
+
+  StopOptions stop;
+  auto* stop_cmd = app.add_subcommand(
+      "stop", "Stop a live agent: SIGTERM to its runner, which stops the agent (10 s grace)");
+  stop_cmd->add_option("id", stop.id, "Agent id, as `agents` lists it")->required();
+
+  ResizeOptions resize;
+  std::string r_memory, r_cpus, r_pids;
+  auto* resize_cmd = app.add_subcommand(
+      "resize", "Change a live agent's limits (podman, microvm; the host tier has no cgroup)");
+  resize_cmd->add_option("id", resize.id, "Agent id, as `agents` lists it")->required();
+  resize_cmd->add_option("--memory", r_memory, "Memory limit in bytes, or with k/m/g suffix");
+  resize_cmd->add_option("--cpus", r_cpus, "CPU limit, may be fractional");
+  resize_cmd->add_option("--pids", r_pids, "Task limit");
+
+  auto* gc_cmd = app.add_subcommand(
+      "gc", "Remove what dead runners left: sandboxes, netns, veths, state dirs");
+
+  ImageBuildOptions image_build;
+  auto* image_cmd = app.add_subcommand("image", "Local images (no registry is used)");
+  image_cmd->require_subcommand(1);
+  auto* build_cmd = image_cmd->add_subcommand(
+      "build", "Build the default agent image (Debian rootfs via debootstrap, podman import)");
+  build_cmd->add_flag("--force", image_build.build.force, "Rebuild even if the image exists");
+  build_cmd->add_option("--name", image_build.build.name, "Image name")->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::ostringstream out;
+    std::ostringstream err;
+    const int code = app.exit(e, out, err);
+    return Exit{code == 0 ? 0 : kExitUsage, code == 0 ? out.str() : err.str() + out.str()};
+  }
+  try {
+    // A flag given with an empty value is a mistake, not a request for the default (only
+    // --backend "" and --egress-allow "" have a meaning, documented above).
+    for (const CLI::App* cmd : {run_cmd, resize_cmd, build_cmd}) {
+      for (const CLI::Option* opt : cmd->get_options()) {
+        if (opt == backend_opt || opt == allow_opt || opt->get_name() == "command" ||
+            opt->count() == 0 || opt->get_expected_max() == 0) {
+          continue;
+        }
+        for (const auto& value : opt->results()) {
+          if (value.empty()) throw RunnerError(opt->get_name() + ": must not be empty");
+        }
+      }
+    }
+    if (*run_cmd) {
+      if (backend_opt->count() > 0) run.backend = backend;
+      finishRun(run, allow, allow_opt->count() > 0, egress_opt->count() > 0, egress, memory, cpus,
+                pids);
+      return run;
+    }
+    if (*agents_cmd) return agents;
+    if (*stop_cmd) return stop;
+    if (*resize_cmd) {
+      finishResize(resize, r_memory, r_cpus, r_pids);
+      return resize;
+    }
+    if (*gc_cmd) return GcOptions{};
+    if (*build_cmd) return image_build;
+  } catch (const RunnerError& e) {
+    return Exit{kExitUsage, std::string("compass-runner: ") + e.what() + "\n"};
+  }
+  return Exit{kExitUsage, "compass-runner: no command given; see --help\n"};
+}
+
+}  // namespace runner
