@@ -1,8 +1,413 @@
-// Placeholder until the podman tier lands (issue 4): refuses, never pretends.
-#include "compass-runner/backend.h"
+// The podman tier (podman_backend.h). start() is one ordered list of named steps; each step
+// that makes something pushes its undo, and a failure runs the undos in reverse and throws
+// RunnerError naming the step (fail closed: the agent never starts half-contained).
+#include "compass-runner/podman_backend.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "compass-runner/firewall.h"
+#include "compass-runner/image.h"
+#include "compass-runner/netns.h"
+#include "compass-runner/podman_cli.h"
+#include "compass-runner/podman_conf.h"
+#include "compass-runner/podman_userns.h"
+#include "compass-runner/process.h"
+#include "compass-runner/sam_box_process.h"
+#include "compass-runner/state.h"
+#include "policy/bundle.h"
+#include "vdns/virtual_dns.h"
 
 namespace runner {
-std::unique_ptr<Backend> makePodmanBackend() {
-  throw RunnerError("backend podman: not built yet in this tree");
+namespace podman {
+
+std::string findNanoInit() { return findCompanion("COMPASS_NANO_INIT", "nano-init"); }
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void note(const std::string& text) { std::fprintf(stderr, "compass-runner: %s\n", text.c_str()); }
+
+// Runs `f`; a failure becomes RunnerError("<step>: <reason>").
+template <typename F>
+auto step(const char* name, F&& f) {
+  try {
+    return f();
+  } catch (const RunnerError& e) {
+    throw RunnerError(std::string(name) + ": " + e.what());
+  } catch (const std::exception& e) {
+    throw RunnerError(std::string(name) + ": " + e.what());
+  }
 }
+
+// The firewall allowlist: --egress-allow plus the bundle's egress.allow (sam-box merges the
+// same two in boundary mode).
+std::vector<std::string> allowList(const AgentSpec& spec) {
+  std::vector<std::string> allow = spec.egress_allow;
+  if (!spec.bundle_path.empty()) {
+    for (const auto& rule : policy::loadBundle(spec.bundle_path).egress_allow) {
+      allow.push_back(rule.text());
+    }
+  }
+  return allow;
+}
+
+class PodmanBackend final : public Backend {
+ public:
+  ~PodmanBackend() override {
+    if (started_ && !torn_down_) teardown();
+  }
+
+  [[nodiscard]] std::string_view name() const override { return "podman"; }
+
+  [[nodiscard]] Posture posture(const AgentSpec& spec) const override {
+    return spec.egress.value_or(Posture::kBoundary) == Posture::kFirewall ? Posture::kFirewall
+                                                                          : Posture::kBoundary;
+  }
+
+  Started start(const AgentSpec& spec) override {
+    try {
+      return startSteps(spec);
+    } catch (...) {
+      runUndos();
+      throw;
+    }
+  }
+
+  void describe(AgentRecord& rec) const override {
+    rec.container = container_;
+    rec.netns = netns_;
+    rec.sam_box_pid = sam_box_.pid();
+    rec.metrics_addr = metrics_addr_;
+    if (egress_) rec.veth = egress_->hostVeth();
+  }
+
+  int wait() override {
+    int status = exit_status_;
+    if (status < 0) status = waitExit(podman_pid_);
+    podman_pid_ = -1;
+    teardown();
+    return status;
+  }
+
+  void stop(std::chrono::milliseconds grace) override {
+    stop_requested_ = true;
+    std::lock_guard lock(stop_mutex_);
+    if (container_.empty() || !running_) return;
+    const auto secs = static_cast<long>(std::ceil(static_cast<double>(grace.count()) / 1000.0));
+    podman::run(conf_, {"stop", "--ignore", "--time", std::to_string(secs), container_},
+                grace + std::chrono::seconds(30));
+  }
+
+  void resize(const AgentRecord& rec, const Resources& r) override {
+    const std::string name = rec.container.empty() ? netns::nameFor(rec.id) : rec.container;
+    const std::string conf = containersConfPath();
+    writeContainersConf(conf);
+    if (auto args = updateArgs(name, r); !args.empty()) {
+      podman::runChecked("resize " + rec.id + ": podman update", conf, args);
+    }
+    if (r.pids) {
+      // podman 4.3's `update` has no --pids-limit: the container's pids cgroup is written.
+      const std::string pid = podman::runChecked(
+          "resize " + rec.id + ": podman inspect", conf,
+          {"inspect", "--type", "container", "--format", "{{.State.Pid}}", name});
+      setPidsLimit(std::stoi(pid), *r.pids);
+    }
+  }
+
+  void reap(const AgentRecord& rec) override {
+    const std::string conf = containersConfPath();
+    writeContainersConf(conf);
+    reapId(conf, rec.id, rec.container, rec.netns, rec.sam_box_pid,
+           rec.state_dir.empty() ? "" : rec.state_dir + "/" + kSocketFile);
+  }
+
+  void reapOrphans(const std::vector<std::string>& live_ids) override {
+    const std::string conf = containersConfPath();
+    writeContainersConf(conf);
+    const std::set<std::string> live(live_ids.begin(), live_ids.end());
+    std::set<std::string> dead;
+    auto consider = [&](const std::string& id) {
+      if (!id.empty() && live.count(id) == 0) dead.insert(id);
+    };
+    for (const auto& id : agentContainers(conf)) consider(id);
+    for (const auto& id : netns::listAgentIds()) consider(id);
+    for (const auto& id : claimedIds()) consider(id);
+    for (const auto& [pid, sock] : samBoxesUnder(stateRoot("podman"))) {
+      const std::string dir = sock.substr(0, sock.rfind('/'));
+      const std::string id = dir.substr(dir.rfind('/') + 1);
+      if (live.count(id) == 0) killSamBox(pid);
+    }
+    for (const auto& id : dead) reapId(conf, id, "", "", -1, "");
+  }
+
+ private:
+  Started startSteps(const AgentSpec& spec) {
+    const Posture egress = posture(spec);
+    id_ = spec.id;
+    container_ = netns::nameFor(spec.id);
+    const std::string ns = netns::nameFor(spec.id);
+    const std::string socket = spec.state_dir + "/" + kSocketFile;
+    std::string sam_box_bin, nano_init_bin;
+
+    // 1. Refusals before anything is made.
+    step("preflight", [&] {
+      if (::geteuid() != 0) {
+        throw RunnerError(
+            "the podman tier runs rootful podman and needs root (the agent "
+            "itself runs as uid 1000 in its own user namespace)");
+      }
+      if (spec.command.empty()) throw RunnerError("no command to run");
+      conf_ = containersConfPath();
+      writeContainersConf(conf_);
+      verifyNoPastaForwards(containersConfCandidates(std::getenv("CONTAINERS_CONF"), conf_));
+      if (!spec.rootfs.empty()) {
+        struct stat st {};
+        if (::stat(spec.rootfs.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+          throw RunnerError("--rootfs " + spec.rootfs + ": not a directory");
+        }
+      } else {
+        image_ = spec.image.empty() ? image::kDefaultImage : spec.image;
+        if (!image::exists(image_)) {
+          throw RunnerError("image " + image_ + " is missing" +
+                            (spec.image.empty() ? "; run `compass-runner image build`"
+                                                : " (no registry is reachable: podman import it)"));
+        }
+      }
+      if (egress == Posture::kBoundary) {
+        sam_box_bin = findSamBox();
+        nano_init_bin = findNanoInit();
+      }
+    });
+
+    // 2. The agent's own host ids, so container root is not host root.
+    const IdRange ids = step("user namespace", [&] { return claimIds(spec.id); });
+    undo_.emplace_back([id = spec.id] { releaseIds(id); });
+
+    // 3. The netns, holding only lo until a step below adds tun0 or the firewall's veth.
+    step("netns", [&] { netns::create(ns); });
+    netns_ = ns;
+    undo_.emplace_back([this] { removeNetns(); });
+
+    std::vector<int> pass_fds;
+    std::string dns;
+    std::vector<std::string> argv;
+    std::vector<Mount> mounts;
+    if (egress == Posture::kBoundary) {
+      // 4a. tun0 made in the netns by the runner; nano-init adopts it as fd 3.
+      step("tun0", [&] {
+        tun_ = netns::openTun(ns);
+        netns::configureTun(ns);
+      });
+      // 4b. The boundary, before anything can send through tun0.
+      step("sam-box", [&] { startSamBox(spec, sam_box_bin, socket, ids); });
+      undo_.emplace_back([this] { sam_box_.stop(); });
+      pass_fds.push_back(tun_.get());
+      dns = vdns::kResolverAddress;  // nano-init refuses any other resolv.conf
+      mounts = {{socket, kSandboxSocket, false}, {nano_init_bin, kSandboxNanoInit, true}};
+      argv = {kSandboxNanoInit, "run", kSandboxSocket};
+    } else {
+      // 4. The firewall armed (default drop) before the agent exists.
+      step("firewall", [&] { egress_ = firewall::arm(spec.id, ns, allowList(spec)); });
+      undo_.emplace_back([this] { teardownEgress(); });
+      dns = egress_->resolverAddress();
+    }
+    argv.insert(argv.end(), spec.command.begin(), spec.command.end());
+
+    // 5. The container, in the foreground: its exit status is the agent's.
+    RunSpec run;
+    run.name = container_;
+    run.agent_id = spec.id;
+    run.image = image_;
+    run.rootfs = spec.rootfs;
+    run.netns_path = netns::pathOf(ns);
+    run.id_base = ids.base;
+    run.user = kAgentUser;
+    run.pass_fds = static_cast<int>(pass_fds.size());
+    run.dns = dns;
+    run.mounts = mounts;
+    run.resources = spec.resources;
+    run.workdir = spec.workdir;
+    run.pidfile = spec.state_dir + "/" + kPidFile;
+    run.argv = argv;
+    const pid_t agent_pid = step("podman run", [&] { return startContainer(run, pass_fds); });
+    started_ = true;
+    if (stop_requested_) stop(std::chrono::seconds(2));
+    return Started{agent_pid, spec.state_dir, metrics_addr_};
+  }
+
+  void startSamBox(const AgentSpec& spec, const std::string& bin, const std::string& socket,
+                   const IdRange& ids) {
+    SamBoxOptions o;
+    o.binary = bin;
+    o.socket = socket;
+    o.log = spec.state_dir + "/" + kSamBoxLog;
+    metrics_addr_ = "127.0.0.1:" + std::to_string(freeLocalPort());
+    o.metrics_addr = metrics_addr_;
+    o.egress_allow = spec.egress_allow;
+    o.bundle = spec.bundle_path;
+    // The runner takes no platform credential flags, so a bundle's identity is as written.
+    o.insecure_unverified_bundle = !spec.bundle_path.empty();
+    o.sidecar_socket = spec.sidecar_socket;
+    if (o.insecure_unverified_bundle) {
+      note(
+          "the bundle's agent identity is NOT verified (no platform credential is configured); "
+          "sam-box runs with --insecure-unverified-bundle");
+    }
+    sam_box_.start(o, kSamBoxStartTimeout);
+    // 0600 stays: only the host uid of this sandbox's agent user may connect, so no other
+    // agent (each has its own range) can use this boundary.
+    if (::chown(socket.c_str(), ids.agentHostId(), ids.agentHostId()) != 0) {
+      throw RunnerError("chown(" + socket + ", " + std::to_string(ids.agentHostId()) +
+                        "): " + std::strerror(errno));
+    }
+  }
+
+  pid_t startContainer(const RunSpec& run, const std::vector<int>& pass_fds) {
+    SpawnOptions s;
+    s.argv = podmanArgv(conf_, runArgs(run));
+    s.pass_fds = pass_fds;
+    // stdin is /dev/null (no -i); stdout/stderr are the runner's. Own session: the operator's
+    // Ctrl-C reaches the runner, which stops the container in order.
+    s.new_session = true;
+    {
+      std::lock_guard lock(stop_mutex_);
+      podman_pid_ = spawn(s);
+      running_ = true;
+    }
+    undo_.emplace_back([this] {
+      removeContainer(conf_, container_);
+      if (podman_pid_ > 0) {
+        ::kill(podman_pid_, SIGKILL);
+        waitExit(podman_pid_);
+        podman_pid_ = -1;
+      }
+    });
+    // The runner's copy of tun0 is not needed once podman holds it; nano-init's is the one.
+    tun_.reset();
+    const auto deadline = Clock::now() + kContainerStartTimeout;
+    while (true) {
+      if (const pid_t pid = readPid(run.pidfile); pid > 0) return pid;
+      int status = 0;
+      if (::waitpid(podman_pid_, &status, WNOHANG) == podman_pid_) {
+        podman_pid_ = -1;
+        if (const pid_t pid = readPid(run.pidfile); pid > 0) {
+          exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          return pid;
+        }
+        throw RunnerError(
+            "podman could not start the container (exit " +
+            std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)) +
+            "; podman's message is above)");
+      }
+      if (Clock::now() > deadline) {
+        throw RunnerError("the container did not start within " +
+                          std::to_string(kContainerStartTimeout.count()) + " s");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  static pid_t readPid(const std::string& path) {
+    std::ifstream in(path);
+    long pid = 0;
+    if (in >> pid && pid > 0) return static_cast<pid_t>(pid);
+    return -1;
+  }
+
+  void runUndos() noexcept {
+    for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) {
+      try {
+        (*it)();
+      } catch (const std::exception& e) {
+        note(std::string("undo after a failed start: ") + e.what());
+      }
+    }
+    undo_.clear();
+  }
+
+  // After the agent: container, boundary, firewall, netns, ids; each checked, so a leftover
+  // is reported (gc removes it) instead of silently kept.
+  void teardown() noexcept {
+    {
+      std::lock_guard lock(stop_mutex_);
+      running_ = false;
+    }
+    if (!removeContainer(conf_, container_)) {
+      note("teardown: container " + container_ + " is still there (run `compass-runner gc`)");
+    }
+    sam_box_.stop();
+    teardownEgress();
+    tun_.reset();
+    removeNetns();
+    releaseIds(id_);
+    undo_.clear();
+    torn_down_ = true;
+  }
+
+  void teardownEgress() noexcept {
+    if (egress_) {
+      egress_->teardown();
+      egress_.reset();
+    }
+  }
+
+  void removeNetns() noexcept {
+    if (netns_.empty()) return;
+    if (!netns::remove(netns_)) {
+      note("teardown: netns " + netns_ + " is still there (run `compass-runner gc`)");
+    }
+  }
+
+  // What gc removes for one agent id; every name is derived from the id when not recorded.
+  static void reapId(const std::string& conf, const std::string& id, std::string container,
+                     std::string ns, int sam_box_pid, const std::string& socket) {
+    if (container.empty()) container = netns::nameFor(id);
+    if (ns.empty()) ns = netns::nameFor(id);
+    if (!removeContainer(conf, container)) note("gc: could not remove container " + container);
+    if (sam_box_pid > 0 && isSamBoxFor(sam_box_pid, socket)) killSamBox(sam_box_pid);
+    firewall::reap(id);
+    if (!netns::remove(ns)) note("gc: could not remove netns " + ns);
+    releaseIds(id);
+  }
+
+  std::string id_;
+  std::string conf_;
+  std::string image_;
+  std::string container_;
+  std::string netns_;
+  std::string metrics_addr_;
+  common::UniqueFd tun_;
+  SamBoxProcess sam_box_;
+  std::unique_ptr<firewall::Egress> egress_;
+  pid_t podman_pid_ = -1;
+  int exit_status_ = -1;
+  bool started_ = false;
+  bool torn_down_ = false;
+  std::vector<std::function<void()>> undo_;
+  std::mutex stop_mutex_;
+  bool running_ = false;
+  std::atomic<bool> stop_requested_{false};
+};
+
+}  // namespace
+}  // namespace podman
+
+std::unique_ptr<Backend> makePodmanBackend() { return std::make_unique<podman::PodmanBackend>(); }
+
 }  // namespace runner

@@ -1,0 +1,52 @@
+#pragma once
+// The agent's network namespace for egress `boundary` (DESIGN.md "Two egress mechanisms",
+// "Known facts"): /run/netns/compass-<id> holding only lo and tun0, tun0 with the sandbox's
+// addresses and both default routes through it. The runner builds it so the container never
+// needs CAP_NET_ADMIN or /dev/net/tun: tun0 is created by a thread that setns()es into the
+// namespace, and its descriptor is handed to podman (--preserve-fds 1, fd 3 in the
+// container), which nano-init adopts (src/nano-init/tun.h).
+
+#include <string>
+#include <vector>
+
+#include "common/unique_fd.h"
+
+namespace runner::netns {
+
+/// Where named network namespaces live (ip-netns(8)).
+inline constexpr const char* kDir = "/run/netns";
+/// tun0's MTU: the netstack's TCP_MSS is 8960 (src/netstack/lwip/lwipopts.h), i.e. a 9000-byte
+/// link, which moves six times fewer packets than 1500.
+inline constexpr int kTunMtu = 9000;
+
+/// "compass-<id>": the netns (and container) name of agent `id`.
+std::string nameFor(const std::string& id);
+/// kDir + "/" + name.
+std::string pathOf(const std::string& name);
+
+/// Creates /run/netns/<name> (`ip netns add`, Debian's iproute2, run through process.h).
+/// Throws RunnerError if it exists already or cannot be made.
+void create(const std::string& name);
+
+/// Opens /dev/net/tun as "tun0" (IFF_TUN | IFF_NO_PI, the flags nano-init checks when it
+/// adopts fd 3) from a thread that has setns()'d into /run/netns/<name>, so the device lives
+/// there. The device exists as long as the returned descriptor (O_CLOEXEC) is open. Throws
+/// RunnerError naming the failing call and errno.
+common::UniqueFd openTun(const std::string& name);
+
+/// In /run/netns/<name>: lo up; tun0 MTU kTunMtu, up; 100.64.0.1/10 and 100::1/64 (no DAD)
+/// on tun0 (src/vdns/virtual_dns.h); IPv4 and IPv6 default routes via tun0. One `ip -batch`.
+/// Needs tun0 open (openTun). Throws RunnerError with ip's message.
+void configureTun(const std::string& name);
+
+/// Deletes /run/netns/<name> (`ip netns del`). Idempotent: a missing namespace is not an
+/// error; returns false (and never throws) only if it exists and could not be removed.
+bool remove(const std::string& name) noexcept;
+
+/// True if /run/netns/<name> exists.
+bool exists(const std::string& name);
+
+/// The ids of every /run/netns/compass-<id> (for gc).
+std::vector<std::string> listAgentIds();
+
+}  // namespace runner::netns

@@ -1,0 +1,204 @@
+#include "compass-runner/sam_box_process.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/unique_fd.h"
+#include "compass-runner/backend.h"
+#include "compass-runner/process.h"
+
+namespace runner {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+constexpr auto kPoll = std::chrono::milliseconds(10);
+
+bool isExecutable(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_regular_file(p, ec) && ::access(p.c_str(), X_OK) == 0;
+}
+
+// argv of a process from /proc (NUL-separated); empty if gone or unreadable.
+std::vector<std::string> cmdlineOf(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  std::vector<std::string> argv;
+  for (std::string arg; std::getline(in, arg, '\0');) argv.push_back(arg);
+  return argv;
+}
+
+// The --socket of a sam-box command line, or "" if `argv` is not `sam-box run … --socket P`.
+std::string socketOf(const std::vector<std::string>& argv) {
+  if (argv.size() < 2 || fs::path(argv[0]).filename() != "sam-box" || argv[1] != "run") return "";
+  for (size_t i = 2; i + 1 < argv.size(); ++i) {
+    if (argv[i] == "--socket") return argv[i + 1];
+  }
+  return "";
+}
+
+// Running, not a zombie waiting for a parent that is not us.
+bool alive(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno != EPERM) return false;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'Z';
+}
+
+}  // namespace
+
+std::vector<std::string> samBoxArgv(const SamBoxOptions& opts) {
+  std::vector<std::string> argv = {opts.binary, "run", "--socket", opts.socket};
+  if (!opts.metrics_addr.empty()) argv.insert(argv.end(), {"--metrics-addr", opts.metrics_addr});
+  for (const auto& a : opts.egress_allow) argv.insert(argv.end(), {"--egress-allow", a});
+  if (!opts.bundle.empty()) {
+    argv.insert(argv.end(), {"--bundle", opts.bundle});
+    if (opts.insecure_unverified_bundle) argv.emplace_back("--insecure-unverified-bundle");
+  }
+  if (!opts.sidecar_socket.empty()) {
+    argv.insert(argv.end(), {"--sidecar-socket", opts.sidecar_socket});
+  }
+  return argv;
+}
+
+std::string findCompanion(const char* env_var, const std::string& name) {
+  if (const char* env = std::getenv(env_var); env != nullptr && *env != '\0') {
+    if (!isExecutable(env)) {
+      throw RunnerError(std::string(env_var) + "=" + env + ": not an executable file");
+    }
+    return env;
+  }
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) throw RunnerError("cannot find " + name + ": readlink(/proc/self/exe): " + ec.message());
+  const fs::path beside = self.parent_path() / name;
+  const fs::path in_build = self.parent_path().parent_path() / name / name;
+  for (const auto& p : {beside, in_build}) {
+    if (isExecutable(p)) return p.string();
+  }
+  throw RunnerError("cannot find " + name + ": not at " + beside.string() + " nor " +
+                    in_build.string() + "; set " + env_var + " to its path");
+}
+
+std::string findSamBox() { return findCompanion("COMPASS_SAM_BOX", "sam-box"); }
+
+int freeLocalPort() {
+  common::UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!s.valid()) throw RunnerError(std::string("metrics port: socket: ") + std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    throw RunnerError(std::string("metrics port: bind 127.0.0.1:0: ") + std::strerror(errno));
+  }
+  return ntohs(addr.sin_port);
+}
+
+std::string tailOfFile(const std::string& path, int lines) {
+  std::ifstream in(path);
+  std::deque<std::string> last;
+  for (std::string line; std::getline(in, line);) {
+    last.push_back(line);
+    if (static_cast<int>(last.size()) > lines) last.pop_front();
+  }
+  std::string out;
+  for (const auto& l : last) out += l + "\n";
+  return out;
+}
+
+void SamBoxProcess::start(const SamBoxOptions& opts, std::chrono::milliseconds timeout) {
+  SpawnOptions spawn_opts;
+  spawn_opts.argv = samBoxArgv(opts);
+  spawn_opts.stdout_path = opts.log;
+  spawn_opts.stderr_path = opts.log;
+  // Its own session: an operator's Ctrl-C reaches the runner, which stops things in order.
+  spawn_opts.new_session = true;
+  spawn_opts.die_with_parent = true;  // a killed runner leaves no boundary serving nobody
+  pid_ = spawn(spawn_opts);
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      throw RunnerError("sam-box exited with status " + std::to_string(code) +
+                        " before its socket was ready; the end of " + opts.log + ":\n" +
+                        tailOfFile(opts.log));
+    }
+    struct stat st {};
+    if (::stat(opts.socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return;
+    if (Clock::now() > deadline) {
+      stop();
+      throw RunnerError("sam-box did not create " + opts.socket + " within " +
+                        std::to_string(timeout.count()) + " ms; the end of " + opts.log + ":\n" +
+                        tailOfFile(opts.log));
+    }
+    std::this_thread::sleep_for(kPoll);
+  }
+}
+
+void SamBoxProcess::stop(std::chrono::milliseconds grace) noexcept {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGTERM);
+  const auto deadline = Clock::now() + grace;
+  while (Clock::now() < deadline) {
+    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+      pid_ = -1;
+      return;
+    }
+    std::this_thread::sleep_for(kPoll);
+  }
+  ::kill(pid_, SIGKILL);
+  while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  pid_ = -1;
+}
+
+bool isSamBoxFor(pid_t pid, const std::string& socket) {
+  return pid > 0 && !socket.empty() && socketOf(cmdlineOf(pid)) == socket;
+}
+
+std::vector<std::pair<pid_t, std::string>> samBoxesUnder(const std::string& dir) {
+  std::vector<std::pair<pid_t, std::string>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = std::stoi(n);
+    const std::string sock = socketOf(cmdlineOf(pid));
+    if (!sock.empty() && sock.rfind(dir + "/", 0) == 0) out.emplace_back(pid, sock);
+  }
+  return out;
+}
+
+void killSamBox(pid_t pid, std::chrono::milliseconds grace) noexcept {
+  if (pid <= 0 || !alive(pid)) return;
+  ::kill(pid, SIGTERM);
+  const auto deadline = Clock::now() + grace;
+  while (Clock::now() < deadline) {
+    // Our child (same runner) or not: reap if we can, else watch it go.
+    ::waitpid(pid, nullptr, WNOHANG);
+    if (!alive(pid)) return;
+    std::this_thread::sleep_for(kPoll);
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, WNOHANG);
+}
+
+}  // namespace runner

@@ -1,0 +1,77 @@
+#pragma once
+// One agent's sam-box (DESIGN.md: "starts sam-box (one per agent, host side)"): started by the
+// podman tier for egress `boundary`, on a Unix socket in the agent's state dir that is then
+// bind-mounted into the container. Flags as in docs/sam-box.md.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace runner {
+
+/// How to run one sam-box.
+struct SamBoxOptions {
+  std::string binary;                     ///< sam-box path (findSamBox())
+  std::string socket;                     ///< --socket: <state>/agent.sock
+  std::string log;                        ///< stdout+stderr go here (<state>/sam-box.log)
+  std::string metrics_addr;               ///< --metrics-addr "127.0.0.1:PORT"
+  std::vector<std::string> egress_allow;  ///< one --egress-allow each
+  std::string bundle;                     ///< --bundle; empty = none
+  /// --insecure-unverified-bundle: the runner has no platform credential flags, so a bundle's
+  /// identity is taken as written (the launch banner says so).
+  bool insecure_unverified_bundle = false;
+  std::string sidecar_socket;  ///< --sidecar-socket; empty = none
+};
+
+/// The argv of `sam-box run` for `opts` (pure).
+std::vector<std::string> samBoxArgv(const SamBoxOptions& opts);
+
+/// A program shipped with compass-runner: $`env_var` if set (must exist), else `name` next to
+/// /proc/self/exe (an install), else the build tree's ../`name`/`name` beside it. Throws
+/// RunnerError naming where it looked. Used for sam-box (COMPASS_SAM_BOX) and nano-init
+/// (COMPASS_NANO_INIT).
+std::string findCompanion(const char* env_var, const std::string& name);
+
+/// findCompanion("COMPASS_SAM_BOX", "sam-box").
+std::string findSamBox();
+
+/// A free TCP port on 127.0.0.1 (bound and released; sam-box then binds it).
+int freeLocalPort();
+
+/// A running sam-box, owned: the destructor stops it.
+class SamBoxProcess {
+ public:
+  SamBoxProcess() = default;
+  SamBoxProcess(const SamBoxProcess&) = delete;
+  SamBoxProcess& operator=(const SamBoxProcess&) = delete;
+  ~SamBoxProcess() { stop(); }
+
+  /// Spawns sam-box (through process.h) and waits up to `timeout` for its socket to appear.
+  /// Throws RunnerError with the last lines of its log if it exits first or the socket does
+  /// not appear in time (then it is killed).
+  void start(const SamBoxOptions& opts, std::chrono::milliseconds timeout);
+  /// The pid, -1 when not running.
+  [[nodiscard]] pid_t pid() const { return pid_; }
+  /// SIGTERM, SIGKILL after `grace` (2 s by default), reaped. Idempotent; never throws.
+  void stop(std::chrono::milliseconds grace = std::chrono::seconds(2)) noexcept;
+
+ private:
+  pid_t pid_ = -1;
+};
+
+/// The last `lines` lines of the file at `path` ("" if unreadable), for error messages.
+std::string tailOfFile(const std::string& path, int lines = 10);
+
+/// For gc: true if `pid` is a sam-box whose --socket is `socket` (guards against pid reuse).
+bool isSamBoxFor(pid_t pid, const std::string& socket);
+
+/// The pids of every running sam-box whose --socket lies under `dir` + "/", with the socket
+/// path (for gc of sam-boxes whose runner died before writing a record).
+std::vector<std::pair<pid_t, std::string>> samBoxesUnder(const std::string& dir);
+
+/// Ends a sam-box that is not our child (gc): SIGTERM, SIGKILL after `grace`. Never throws.
+void killSamBox(pid_t pid, std::chrono::milliseconds grace = std::chrono::seconds(2)) noexcept;
+
+}  // namespace runner
