@@ -1,15 +1,50 @@
 // compass-runner: runs one agent in the tier the operator chose (seed 002). See README.md.
+#include <csignal>
 #include <cstdio>
+#include <exception>
 #include <variant>
 
+#include "compass-runner/image.h"
 #include "compass-runner/options.h"
+#include "compass-runner/roster.h"
+#include "compass-runner/run.h"
+
+namespace {
+
+template <class... F>
+struct Overload : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overload(F...) -> Overload<F...>;
+
+int buildImage(const runner::ImageBuildOptions& opts) {
+  runner::image::build(opts.build);
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
+  // A reader that goes away (`compass-runner agents | head`) is not a reason to die.
+  std::signal(SIGPIPE, SIG_IGN);
   auto command = runner::parseCommandLine(argc, argv);
-  if (auto* exit = std::get_if<runner::Exit>(&command)) {
-    std::fputs(exit->message.c_str(), exit->exit_code == 0 ? stdout : stderr);
-    return exit->exit_code;
+  try {
+    return std::visit(Overload{
+                          [](const runner::Exit& e) {
+                            std::fputs(e.message.c_str(), e.exit_code == 0 ? stdout : stderr);
+                            return e.exit_code;
+                          },
+                          [](const runner::RunOptions& o) { return runner::runAgent(o); },
+                          [](const runner::AgentsOptions& o) { return runner::listAgents(o); },
+                          [](const runner::StopOptions& o) { return runner::stopAgent(o); },
+                          [](const runner::ResizeOptions& o) { return runner::resizeAgent(o); },
+                          [](const runner::GcOptions&) { return runner::collectGarbage(); },
+                          [](const runner::ImageBuildOptions& o) { return buildImage(o); },
+                      },
+                      command);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "compass-runner: %s\n", e.what());
+    return 1;
   }
-  std::fputs("compass-runner: not built yet in this tree\n", stderr);
-  return 70;
 }

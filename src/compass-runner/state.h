@@ -2,25 +2,28 @@
 // Per-agent state directories and the roster (seed 002: "Each agent gets a private 0700
 // state dir"; issue 4 "Roster"). Each live agent has <root>/<id>/agent.json; the roster is
 // the set of those files whose runner is still alive. Roots: host tier
-// `${TMPDIR:-/tmp}/compass-host` (seed 002), podman/microvm `${COMPASS_STATE_DIR:-/run/compass-runner}`.
+// `${TMPDIR:-/tmp}/compass-host` (seed 002), podman/microvm
+// `${COMPASS_STATE_DIR:-/run/compass-runner}`.
 
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace runner {
 
 /// What the roster knows of one agent (agent.json in its state dir).
 struct AgentRecord {
-  std::string id;            ///< sandbox id
-  std::string tier;          ///< "host" | "podman" | "microvm"
-  std::string posture;       ///< "boundary" | "firewall" | "unenforced"
-  std::string agent_id;      ///< the bundle's agent.id, empty without a bundle
-  pid_t runner_pid = -1;     ///< the compass-runner that owns it (stop = SIGTERM to it)
+  std::string id;                 ///< sandbox id
+  std::string tier;               ///< "host" | "podman" | "microvm"
+  std::string posture;            ///< "boundary" | "firewall" | "unenforced"
+  std::string agent_id;           ///< the bundle's agent.id, empty without a bundle
+  pid_t runner_pid = -1;          ///< the compass-runner that owns it (stop = SIGTERM to it)
   uint64_t runner_starttime = 0;  ///< /proc/<runner_pid>/stat field 22, against pid reuse
-  pid_t pid = -1;            ///< the agent's (or VM's) host pid
+  pid_t pid = -1;                 ///< the agent's (or VM's) host pid
   int64_t started_unix_ms = 0;
   std::string state_dir;
   std::string metrics_addr;  ///< sam-box metrics "127.0.0.1:PORT"; empty = none
@@ -46,11 +49,29 @@ std::string createStateDir(const std::string& root, const std::string& id);
 /// Writes `rec` to <rec.state_dir>/agent.json atomically (temp file + rename), mode 0600.
 void writeRecord(const AgentRecord& rec);
 
-/// Every agent.json under every state root the caller can read, live or not.
+/// Every agent.json under every state root the caller can read, live or not. A record whose
+/// id is not its directory's name, or one under the host root that does not say tier "host",
+/// is skipped; state_dir is set to where the record was found, whatever the file says.
 std::vector<AgentRecord> readRecords();
 
 /// True if the record's runner is still running (kill(pid, 0) and the same start time).
 bool runnerAlive(const AgentRecord& rec);
+
+/// True if `id` has the shape newAgentId() makes ("a" + 10 lower-case hex digits).
+bool isAgentId(std::string_view id);
+
+/// Field 22 of /proc/<pid>/stat (start time in clock ticks since boot); 0 if there is no
+/// such process or it is a zombie.
+uint64_t processStartTime(pid_t pid);
+
+/// agent.json's text for `rec` (a JSON object; keys as the member names).
+std::string recordText(const AgentRecord& rec);
+
+/// Parses agent.json's text. Throws RunnerError naming the missing or mistyped key.
+AgentRecord parseRecord(std::string_view text);
+
+/// Reads <dir>/agent.json; nullopt if it is missing or does not parse.
+std::optional<AgentRecord> readRecord(const std::string& dir);
 
 /// Removes a state dir and everything in it. Never follows symlinks out of it.
 void removeStateDir(const std::string& dir);

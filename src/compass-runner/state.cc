@@ -1,0 +1,322 @@
+#include "compass-runner/state.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/unique_fd.h"
+#include "compass-runner/backend.h"
+
+namespace runner {
+namespace {
+
+constexpr size_t kAgentIdHexDigits = 10;
+constexpr const char* kRecordFile = "agent.json";
+constexpr size_t kMaxRecordBytes = size_t{1} << 20;
+// A state dir deeper than this is not removed (each level holds a descriptor while it is
+// emptied); the error names the dir so an operator can remove it by hand.
+constexpr int kMaxRemoveDepth = 512;
+
+std::string errnoText(int err) { return std::strerror(err); }
+
+std::string envOr(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return (v != nullptr && *v != '\0') ? std::string(v) : std::string(fallback);
+}
+
+std::string readSmallFile(const std::string& path, size_t cap) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  std::string text(cap + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  return text.size() > cap ? std::string() : text;
+}
+
+// Empties and removes `name` under `parent_fd` without following symlinks: a symlink is
+// removed as a link, never entered. Directories the agent made unreadable are opened up
+// first (they are ours: the state dir belongs to the runner's uid).
+void removeAt(int parent_fd, const std::string& name, const std::string& shown, int depth) {
+  if (::unlinkat(parent_fd, name.c_str(), 0) == 0 || errno == ENOENT) return;
+  if (errno != EISDIR && errno != EPERM) {
+    throw RunnerError("removing " + shown + ": " + errnoText(errno));
+  }
+  if (depth > kMaxRemoveDepth) {
+    throw RunnerError("removing " + shown + ": more than " + std::to_string(kMaxRemoveDepth) +
+                      " levels deep; remove it by hand");
+  }
+  // unlinkat() said EISDIR, so this is a real directory (a symlink would have been unlinked).
+  ::fchmodat(parent_fd, name.c_str(), 0700, 0);
+  common::UniqueFd fd(
+      ::openat(parent_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno == ENOENT) return;
+    throw RunnerError("removing " + shown + ": " + errnoText(errno));
+  }
+  // fdopendir() takes ownership of its descriptor, so give it a duplicate.
+  DIR* dir = ::fdopendir(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
+  if (dir == nullptr) throw RunnerError("reading " + shown + ": " + errnoText(errno));
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(dir)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+      names.emplace_back(e->d_name);
+    }
+  }
+  ::closedir(dir);
+  for (const auto& child : names) removeAt(fd.get(), child, shown + "/" + child, depth + 1);
+  if (::unlinkat(parent_fd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+    throw RunnerError("removing " + shown + ": " + errnoText(errno));
+  }
+}
+
+template <typename T>
+T field(const nlohmann::json& j, const char* key, bool required, T fallback = T()) {
+  const auto it = j.find(key);
+  if (it == j.end()) {
+    if (required) throw RunnerError(std::string("agent.json: missing key \"") + key + "\"");
+    return fallback;
+  }
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw RunnerError(std::string("agent.json: key \"") + key + "\" has the wrong type");
+  }
+}
+
+}  // namespace
+
+std::string stateRoot(const std::string& tier) {
+  if (tier == "host") return envOr("TMPDIR", "/tmp") + "/compass-host";
+  return envOr("COMPASS_STATE_DIR", "/run/compass-runner");
+}
+
+bool isAgentId(std::string_view id) {
+  if (id.size() != 1 + kAgentIdHexDigits || id.front() != 'a') return false;
+  for (char c : id.substr(1)) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+std::string newAgentId() {
+  unsigned char bytes[kAgentIdHexDigits / 2];
+  size_t got = 0;
+  while (got < sizeof bytes) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw RunnerError("getrandom: " + errnoText(errno));
+    }
+    got += static_cast<size_t>(n);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id = "a";
+  for (unsigned char b : bytes) {
+    id += kHex[b >> 4];
+    id += kHex[b & 0xF];
+  }
+  return id;
+}
+
+std::string createStateDir(const std::string& root, const std::string& id) {
+  if (root.empty() || root.front() != '/') {
+    throw RunnerError("state root \"" + root + "\" is not an absolute path (TMPDIR and " +
+                      "COMPASS_STATE_DIR must be absolute)");
+  }
+  if (!isAgentId(id)) throw RunnerError("state dir: \"" + id + "\" is not an agent id");
+  if (::mkdir(root.c_str(), 0700) != 0 && errno != EEXIST) {
+    throw RunnerError("cannot create state root " + root + ": " + errnoText(errno));
+  }
+  // Checked on the opened directory, so the checks and the mkdirat() below are about the
+  // same object even if someone renames things in between.
+  common::UniqueFd fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) {
+    struct stat lst {};
+    if (::lstat(root.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
+      throw RunnerError("state root " + root +
+                        " is a symlink; refusing it (someone else may control where it "
+                        "points). Set TMPDIR to a private directory");
+    }
+    throw RunnerError("state root " + root + ": " + errnoText(errno));
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw RunnerError("state root " + root + ": fstat failed");
+  if (st.st_uid != ::geteuid()) {
+    throw RunnerError("state root " + root + " is owned by uid " + std::to_string(st.st_uid) +
+                      ", not by this runner (uid " + std::to_string(::geteuid()) +
+                      "); that root is shared, so set TMPDIR to a private directory");
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
+    throw RunnerError("state root " + root + " is group- or world-writable (mode " + mode +
+                      "); others could replace agents' state dirs. Use a private directory "
+                      "(chmod 700, or set TMPDIR to one)");
+  }
+  if (::mkdirat(fd.get(), id.c_str(), 0700) != 0) {
+    throw RunnerError("cannot create state dir " + root + "/" + id + ": " + errnoText(errno));
+  }
+  return root + "/" + id;
+}
+
+std::string recordText(const AgentRecord& rec) {
+  const nlohmann::json j = {
+      {"id", rec.id},
+      {"tier", rec.tier},
+      {"posture", rec.posture},
+      {"agent_id", rec.agent_id},
+      {"runner_pid", rec.runner_pid},
+      {"runner_starttime", rec.runner_starttime},
+      {"pid", rec.pid},
+      {"started_unix_ms", rec.started_unix_ms},
+      {"state_dir", rec.state_dir},
+      {"metrics_addr", rec.metrics_addr},
+      {"container", rec.container},
+      {"netns", rec.netns},
+      {"veth", rec.veth},
+      {"sam_box_pid", rec.sam_box_pid},
+      {"command", rec.command},
+  };
+  return j.dump(2) + "\n";
+}
+
+AgentRecord parseRecord(std::string_view text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw RunnerError(std::string("agent.json: not JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw RunnerError("agent.json: not a JSON object");
+  AgentRecord rec;
+  rec.id = field<std::string>(j, "id", true);
+  rec.tier = field<std::string>(j, "tier", true);
+  rec.posture = field<std::string>(j, "posture", true);
+  rec.agent_id = field<std::string>(j, "agent_id", false);
+  rec.runner_pid = field<pid_t>(j, "runner_pid", true);
+  rec.runner_starttime = field<uint64_t>(j, "runner_starttime", true);
+  rec.pid = field<pid_t>(j, "pid", false, -1);
+  rec.started_unix_ms = field<int64_t>(j, "started_unix_ms", false);
+  rec.state_dir = field<std::string>(j, "state_dir", true);
+  rec.metrics_addr = field<std::string>(j, "metrics_addr", false);
+  rec.container = field<std::string>(j, "container", false);
+  rec.netns = field<std::string>(j, "netns", false);
+  rec.veth = field<std::string>(j, "veth", false);
+  rec.sam_box_pid = field<int>(j, "sam_box_pid", false, -1);
+  rec.command = field<std::vector<std::string>>(j, "command", false);
+  if (!isAgentId(rec.id)) throw RunnerError("agent.json: \"id\" is not an agent id");
+  return rec;
+}
+
+void writeRecord(const AgentRecord& rec) {
+  const std::string final_path = rec.state_dir + "/" + kRecordFile;
+  const std::string tmp_path = final_path + ".tmp";
+  const std::string text = recordText(rec);
+  {
+    common::UniqueFd fd(
+        ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!fd.valid()) throw RunnerError("writing " + tmp_path + ": " + errnoText(errno));
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw RunnerError("writing " + tmp_path + ": " + errnoText(errno));
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+  if (::rename(tmp_path.c_str(), final_path.c_str()) != 0) {
+    throw RunnerError("renaming " + tmp_path + ": " + errnoText(errno));
+  }
+}
+
+std::optional<AgentRecord> readRecord(const std::string& dir) {
+  const std::string text = readSmallFile(dir + "/" + kRecordFile, kMaxRecordBytes);
+  if (text.empty()) return std::nullopt;
+  try {
+    return parseRecord(text);
+  } catch (const RunnerError&) {
+    return std::nullopt;
+  }
+}
+
+std::vector<AgentRecord> readRecords() {
+  std::vector<AgentRecord> out;
+  std::vector<std::string> roots = {stateRoot("host"), stateRoot("podman")};
+  if (roots[0] == roots[1]) roots.pop_back();
+  for (const auto& root : roots) {
+    DIR* dir = ::opendir(root.c_str());
+    if (dir == nullptr) continue;
+    std::vector<std::string> ids;
+    while (const dirent* e = ::readdir(dir)) {
+      if (isAgentId(e->d_name)) ids.emplace_back(e->d_name);
+    }
+    ::closedir(dir);
+    const bool host_root = root == roots.front();
+    for (const auto& id : ids) {
+      auto rec = readRecord(root + "/" + id);
+      // Where a record lies is what it is: a host-tier agent can edit its own agent.json, so
+      // its claims about its id, directory or tier are not taken from the file.
+      if (!rec || rec->id != id || (host_root && rec->tier != "host")) continue;
+      rec->state_dir = root + "/" + id;
+      out.push_back(std::move(*rec));
+    }
+  }
+  return out;
+}
+
+uint64_t processStartTime(pid_t pid) {
+  if (pid <= 0) return 0;
+  const std::string text = readSmallFile("/proc/" + std::to_string(pid) + "/stat", 4096);
+  // The command name (field 2) may hold spaces and parentheses: fields resume after the last
+  // ')'. Field 3 is the state, field 22 the start time.
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(text.substr(close + 1));
+  std::string state;
+  rest >> state;
+  if (state == "Z" || state == "X") return 0;
+  std::string skip;
+  for (int f = 4; f < 22; ++f) rest >> skip;
+  uint64_t start = 0;
+  rest >> start;
+  return rest ? start : 0;
+}
+
+bool runnerAlive(const AgentRecord& rec) {
+  if (rec.runner_pid <= 0) return false;
+  if (::kill(rec.runner_pid, 0) != 0 && errno == ESRCH) return false;
+  const uint64_t start = processStartTime(rec.runner_pid);
+  return start != 0 && start == rec.runner_starttime;
+}
+
+void removeStateDir(const std::string& path) {
+  std::string dir = path;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::string last = dir.substr(dir.find_last_of('/') + 1);
+  if (dir.empty() || dir.front() != '/' || dir == "/" || last == "." || last == "..") {
+    throw RunnerError("refusing to remove state dir \"" + path + "\"");
+  }
+  const size_t slash = dir.find_last_of('/');
+  const std::string parent = slash == 0 ? "/" : dir.substr(0, slash);
+  const std::string name = dir.substr(slash + 1);
+  common::UniqueFd parent_fd(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!parent_fd.valid()) {
+    if (errno == ENOENT) return;
+    throw RunnerError("removing " + dir + ": " + errnoText(errno));
+  }
+  removeAt(parent_fd.get(), name, dir, 0);
+}
+
+}  // namespace runner
