@@ -1,12 +1,18 @@
 #include "nano-init/tun.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <net/if.h>
 // After <net/if.h>: linux/if_tun.h needs its struct ifreq but must not redeclare IFF_*.
 #include <linux/if_tun.h>
+#include <net/route.h>
 #include <sys/ioctl.h>
 
+#include <array>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <string>
 
 #include "nano-init/errors.h"
@@ -23,6 +29,114 @@ bool isTun0(int fd) {
   ifreq ifr{};
   if (::ioctl(fd, TUNGETIFF, &ifr) != 0) return false;
   return std::strncmp(ifr.ifr_name, kName, IFNAMSIZ) == 0 && (ifr.ifr_flags & IFF_TUN) != 0;
+}
+
+// What a launcher may already have done to the namespace (the podman tier does it all, since
+// the container holds no CAP_NET_ADMIN).
+struct Observed {
+  bool lo_up = false;
+  bool tun_up = false;
+  bool addr4 = false;
+  bool addr6 = false;
+  bool route4 = false;
+  bool route6 = false;
+
+  // The missing pieces, named as an operator would look for them; empty = complete.
+  [[nodiscard]] std::string missing() const {
+    std::string out;
+    auto add = [&](bool have, const std::string& what) {
+      if (!have) out += (out.empty() ? "" : ", ") + what;
+    };
+    add(lo_up, "lo up");
+    add(tun_up, "tun0 up");
+    add(addr4, std::string(vdns::kTunAddress4) + "/" + std::to_string(vdns::kTunPrefix4));
+    add(addr6, std::string(vdns::kTunAddress6) + "/" + std::to_string(vdns::kTunPrefix6));
+    add(route4, "the IPv4 default route via tun0");
+    add(route6, "the IPv6 default route via tun0");
+    return out;
+  }
+};
+
+int prefixLength(const sockaddr* mask) {
+  if (mask == nullptr) return -1;
+  const auto* bytes = mask->sa_family == AF_INET
+                          ? reinterpret_cast<const unsigned char*>(
+                                &reinterpret_cast<const sockaddr_in*>(mask)->sin_addr)
+                          : reinterpret_cast<const unsigned char*>(
+                                &reinterpret_cast<const sockaddr_in6*>(mask)->sin6_addr);
+  const int len = mask->sa_family == AF_INET ? 4 : 16;
+  int bits = 0;
+  for (int i = 0; i < len; ++i) bits += __builtin_popcount(bytes[i]);
+  return bits;
+}
+
+bool isAddress(const sockaddr* a, const char* text) {
+  std::array<unsigned char, 16> want{};
+  if (a->sa_family == AF_INET) {
+    return ::inet_pton(AF_INET, text, want.data()) == 1 &&
+           std::memcmp(&reinterpret_cast<const sockaddr_in*>(a)->sin_addr, want.data(), 4) == 0;
+  }
+  return ::inet_pton(AF_INET6, text, want.data()) == 1 &&
+         std::memcmp(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr, want.data(), 16) == 0;
+}
+
+// /proc/net/route (IPv4): "Iface Destination Gateway Flags … Mask …", hex, 0 = default.
+bool defaultRoute4() {
+  std::ifstream in("/proc/net/route");
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    char iface[IFNAMSIZ + 1] = {};
+    unsigned dest = 1, gw = 0, flags = 0, refcnt = 0, use = 0, metric = 0, mask = 1;
+    if (std::sscanf(line.c_str(), "%16s %x %x %x %u %u %u %x", iface, &dest, &gw, &flags, &refcnt,
+                    &use, &metric, &mask) == 8 &&
+        std::strcmp(iface, kName) == 0 && dest == 0 && mask == 0 && (flags & RTF_UP) != 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// /proc/net/ipv6_route: "dest plen src splen next metric refcnt use flags iface".
+bool defaultRoute6() {
+  std::ifstream in("/proc/net/ipv6_route");
+  for (std::string line; std::getline(in, line);) {
+    char dest[33] = {}, iface[IFNAMSIZ + 1] = {};
+    unsigned plen = 1;
+    if (std::sscanf(line.c_str(), "%32s %x %*s %*s %*s %*s %*s %*s %*s %16s", dest, &plen, iface) ==
+            3 &&
+        std::strcmp(iface, kName) == 0 && plen == 0 &&
+        std::strspn(dest, "0") == std::strlen(dest)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+Observed observe() {
+  Observed o;
+  struct ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) throwErrno("getifaddrs");
+  for (const struct ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_name == nullptr) continue;
+    const bool up = (i->ifa_flags & IFF_UP) != 0;
+    if (std::strcmp(i->ifa_name, "lo") == 0) o.lo_up = o.lo_up || up;
+    if (std::strcmp(i->ifa_name, kName) != 0) continue;
+    o.tun_up = o.tun_up || up;
+    if (i->ifa_addr == nullptr) continue;
+    if (i->ifa_addr->sa_family == AF_INET && isAddress(i->ifa_addr, vdns::kTunAddress4) &&
+        prefixLength(i->ifa_netmask) == vdns::kTunPrefix4) {
+      o.addr4 = true;
+    }
+    if (i->ifa_addr->sa_family == AF_INET6 && isAddress(i->ifa_addr, vdns::kTunAddress6) &&
+        prefixLength(i->ifa_netmask) == vdns::kTunPrefix6) {
+      o.addr6 = true;
+    }
+  }
+  ::freeifaddrs(list);
+  o.route4 = defaultRoute4();
+  o.route6 = defaultRoute6();
+  return o;
 }
 
 int ifindex(const char* name) {
@@ -78,14 +192,24 @@ common::UniqueFd openTun() {
 }
 
 void configureNetwork() {
-  netlink::Socket nl;
-  nl.linkUp(ifindex("lo"));
-  const int tun = ifindex(kName);
-  nl.addAddress(tun, vdns::kTunAddress4, vdns::kTunPrefix4);
-  nl.addAddress(tun, vdns::kTunAddress6, vdns::kTunPrefix6);
-  nl.linkUp(tun);
-  nl.addDefaultRoute(tun, 4);
-  nl.addDefaultRoute(tun, 6);
+  const std::string missing = observe().missing();
+  // A launcher that configured everything (the podman tier: the container has no
+  // CAP_NET_ADMIN) is trusted as is; nothing is changed.
+  if (missing.empty()) return;
+  try {
+    netlink::Socket nl;
+    nl.linkUp(ifindex("lo"));
+    const int tun = ifindex(kName);
+    nl.addAddress(tun, vdns::kTunAddress4, vdns::kTunPrefix4);
+    nl.addAddress(tun, vdns::kTunAddress6, vdns::kTunPrefix6);
+    nl.linkUp(tun);
+    nl.addDefaultRoute(tun, 4);
+    nl.addDefaultRoute(tun, 6);
+  } catch (const StepError& e) {
+    // Fail closed, naming what the launcher left undone.
+    throw StepError("tun0 lacks " + missing + ", and nano-init cannot add it (" + e.what() +
+                    "); its launcher must configure tun0 or grant CAP_NET_ADMIN");
+  }
 }
 
 }  // namespace nanoinit::tun

@@ -20,7 +20,9 @@ void requireIsolatedNamespace();
 common::UniqueFd openTun();
 
 /// lo up; tun0 up with its IPv4 and IPv6 addresses; IPv4 and IPv6 default routes via tun0.
-/// Idempotent: a tun0 its launcher already configured is left as it is.
+/// If all of that is already in place (a launcher such as compass-runner's podman tier did it,
+/// since the container holds no CAP_NET_ADMIN), nothing is changed. Otherwise nano-init adds
+/// what is missing; if it cannot (EPERM), throws StepError naming every missing piece.
 void configureNetwork();
 
 }  // namespace nanoinit::tun
