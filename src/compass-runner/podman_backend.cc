@@ -29,7 +29,6 @@
 #include "compass-runner/process.h"
 #include "compass-runner/sam_box_process.h"
 #include "compass-runner/state.h"
-#include "policy/bundle.h"
 #include "vdns/virtual_dns.h"
 
 namespace runner {
@@ -55,18 +54,6 @@ auto step(const char* name, F&& f) {
   }
 }
 
-// The firewall allowlist: --egress-allow plus the bundle's egress.allow (sam-box merges the
-// same two in boundary mode).
-std::vector<std::string> allowList(const AgentSpec& spec) {
-  std::vector<std::string> allow = spec.egress_allow;
-  if (!spec.bundle_path.empty()) {
-    for (const auto& rule : policy::loadBundle(spec.bundle_path).egress_allow) {
-      allow.push_back(rule.text());
-    }
-  }
-  return allow;
-}
-
 class PodmanBackend final : public Backend {
  public:
   ~PodmanBackend() override {
@@ -78,6 +65,32 @@ class PodmanBackend final : public Backend {
   [[nodiscard]] Posture posture(const AgentSpec& spec) const override {
     return spec.egress.value_or(Posture::kBoundary) == Posture::kFirewall ? Posture::kFirewall
                                                                           : Posture::kBoundary;
+  }
+
+  // Root, the containers.conf files (pasta), the image or --rootfs, the command.
+  void validate(const AgentSpec& spec) const override {
+    if (::geteuid() != 0) {
+      throw RunnerError(
+          "the podman tier runs rootful podman and needs root (the agent itself "
+          "runs as uid 1000 in a user namespace of its own, never as host root)");
+    }
+    if (spec.command.empty()) throw RunnerError("no command to run");
+    const std::string conf = containersConfPath();
+    writeContainersConf(conf);
+    verifyNoPastaForwards(containersConfCandidates(std::getenv("CONTAINERS_CONF"), conf));
+    if (!spec.rootfs.empty()) {
+      struct stat st {};
+      if (::stat(spec.rootfs.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+        throw RunnerError("--rootfs " + spec.rootfs + ": not a directory");
+      }
+      return;
+    }
+    const std::string image = spec.image.empty() ? image::kDefaultImage : spec.image;
+    if (!image::exists(image)) {
+      throw RunnerError("--image " + image + ": no such image" +
+                        (spec.image.empty() ? "; run `compass-runner image build` first"
+                                            : " (no registry is reachable: build or import it)"));
+    }
   }
 
   Started start(const AgentSpec& spec) override {
@@ -223,7 +236,7 @@ class PodmanBackend final : public Backend {
       argv = {kSandboxNanoInit, "run", kSandboxSocket};
     } else {
       // 4. The firewall armed (default drop) before the agent exists.
-      step("firewall", [&] { egress_ = firewall::arm(spec.id, ns, allowList(spec)); });
+      step("firewall", [&] { egress_ = firewall::arm(spec.id, ns, spec.egress_allow); });
       undo_.emplace_back([this] { teardownEgress(); });
       dns = egress_->resolverAddress();
     }

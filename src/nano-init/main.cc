@@ -55,14 +55,15 @@ struct Sandbox {
   std::string why;
   // Always our own mount namespace: the resolv.conf bind must never land in the host's.
   const bool own_mounts = namespaces::enterMountNamespace(&why);
-  if (!own_mounts) note("no mount namespace of its own (" + why + "); /etc is left as it is");
+  // Without one (a container without CAP_SYS_ADMIN) nothing needs saying unless a mount was
+  // needed: the resolv.conf step below says so then.
   step("network namespace check", [] { tun::requireIsolatedNamespace(); });
   sb.tun = step("tun0", [] { return tun::openTun(); });
   step("addresses and routes", [] { tun::configureNetwork(); });
   step("resolv.conf", [&] {
     std::string why_skipped;
     if (resolv::ensure(kResolvConf, own_mounts, &why_skipped) == resolv::Outcome::kSkipped) {
-      note(why_skipped);
+      note(why_skipped + (own_mounts ? "" : " (no mount namespace: " + why + ")"));
     }
   });
   return sb;
