@@ -1,12 +1,321 @@
-// Placeholder until egress `firewall` lands (issue 4): refuses, never fails open.
+// Egress `firewall` (seeds 000/002): arm() is one ordered list of named steps, each with its
+// inverse registered before it runs, so a failure anywhere unwinds exactly what was made.
 #include "compass-runner/firewall.h"
 
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/log.h"
 #include "compass-runner/backend.h"
+#include "compass-runner/dns_forwarder.h"
+#include "compass-runner/process.h"
+#include "compass-runner/ruleset.h"
+#include "compass-runner/veth.h"
+#include "policy/address.h"
 
 namespace runner::firewall {
-std::unique_ptr<Egress> arm(const std::string&, const std::string&,
-                            const std::vector<std::string>&) {
-  throw RunnerError("egress firewall: not built yet in this tree");
+namespace {
+
+constexpr std::chrono::seconds kNftTimeout{10};
+constexpr std::chrono::seconds kPreResolveTimeout{5};
+constexpr uint16_t kTypeA = 1;
+constexpr uint16_t kTypeAaaa = 28;
+constexpr uint8_t kRcodeNoError = 0;
+constexpr uint8_t kRcodeNxDomain = 3;
+
+std::string netnsPath(const std::string& name) { return "/run/netns/" + name; }
+
+// The host's own addresses, never answered: an allowed name that resolves to one would reach
+// services bound on the host. Re-read at most once a second; unreadable = everything is local.
+class HostAddresses {
+ public:
+  bool contains(const asio::ip::address& raw) {
+    std::lock_guard lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    if (now - read_at_ >= std::chrono::seconds(1)) refresh(now);
+    if (!readable_) return true;
+    return addresses_.contains(policy::canonicalAddress(raw));
+  }
+
+ private:
+  void refresh(std::chrono::steady_clock::time_point now) {
+    read_at_ = now;
+    addresses_.clear();
+    ifaddrs* list = nullptr;
+    readable_ = ::getifaddrs(&list) == 0;
+    if (!readable_) return;
+    for (const ifaddrs* ifa = list; ifa != nullptr; ifa = ifa->ifa_next) {
+      if (ifa->ifa_addr == nullptr) continue;
+      if (ifa->ifa_addr->sa_family == AF_INET) {
+        asio::ip::address_v4::bytes_type b{};
+        std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in*>(ifa->ifa_addr)->sin_addr, 4);
+        addresses_.insert(asio::ip::address_v4(b));
+      } else if (ifa->ifa_addr->sa_family == AF_INET6) {
+        asio::ip::address_v6::bytes_type b{};
+        std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in6*>(ifa->ifa_addr)->sin6_addr, 16);
+        addresses_.insert(policy::canonicalAddress(asio::ip::address_v6(b)));
+      }
+    }
+    ::freeifaddrs(list);
+  }
+
+  std::mutex mu_;
+  std::set<asio::ip::address> addresses_;
+  bool readable_ = false;
+  std::chrono::steady_clock::time_point read_at_{};
+};
+
+// Adds answered addresses to the netns's sets. Elements already added are not sent again, so
+// a busy name costs one `nft` run per new address, not per query.
+class Admitter {
+ public:
+  Admitter(std::string id, std::string netns_path)
+      : id_(std::move(id)), netns_path_(std::move(netns_path)) {}
+
+  bool admit(const std::vector<AllowElement>& elements) {
+    std::lock_guard lock(mu_);
+    std::vector<AllowElement> fresh;
+    for (const auto& e : elements) {
+      if (!known(e)) fresh.push_back(e);
+    }
+    if (fresh.empty()) return true;
+    if (done_.size() + fresh.size() > kMaxSetElements) {
+      common::log::warn("egress firewall: allow sets full",
+                        {{"agent", id_}, {"reason", "set-full"}, {"limit", kMaxSetElements}});
+      return false;
+    }
+    const CommandResult r =
+        runCommand({"nft", "-f", "-"}, addElementsBatch(fresh), kNftTimeout, netns_path_);
+    if (r.status != 0) {
+      common::log::error("egress firewall: nft add element failed",
+                         {{"agent", id_},
+                          {"reason", "admit-failed"},
+                          {"status", r.status},
+                          {"stderr", r.err.substr(0, 512)}});
+      return false;
+    }
+    for (auto& e : fresh) done_.push_back(std::move(e));
+    return true;
+  }
+
+ private:
+  bool known(const AllowElement& e) const {
+    return std::any_of(done_.begin(), done_.end(), [&](const AllowElement& d) {
+      return d.address == e.address && d.port == e.port;
+    });
+  }
+
+  std::string id_;
+  std::string netns_path_;
+  std::mutex mu_;
+  std::vector<AllowElement> done_;
+};
+
+class FirewallEgress final : public Egress {
+ public:
+  FirewallEgress(std::string id, std::string netns_name)
+      : id_(std::move(id)), netns_name_(std::move(netns_name)) {}
+  ~FirewallEgress() override { teardown(); }
+
+  [[nodiscard]] std::string resolverAddress() const override { return net_.host4; }
+  [[nodiscard]] std::string resolverAddress6() const override { return net_.host6; }
+  [[nodiscard]] std::string hostVeth() const override { return hostVethName(id_); }
+
+  void teardown() noexcept override {
+    // Newest first: the forwarder stops admitting, then the veth (and with it the only way out
+    // of the netns) goes before anything that filters it.
+    while (!undo_.empty()) {
+      auto [what, fn] = std::move(undo_.back());
+      undo_.pop_back();
+      try {
+        if (!fn())
+          common::log::error("egress firewall: teardown step failed",
+                             {{"agent", id_}, {"step", what}});
+      } catch (const std::exception& e) {
+        common::log::error("egress firewall: teardown step failed",
+                           {{"agent", id_}, {"step", what}, {"error", e.what()}});
+      }
+    }
+  }
+
+  // Runs one named step; `undo` is registered first, so a half-done step is undone too.
+  void step(const std::string& name, const std::function<void()>& fn,
+            std::function<bool()> undo = nullptr) {
+    if (undo) undo_.emplace_back(name, std::move(undo));
+    try {
+      fn();
+    } catch (const RunnerError& e) {
+      throw RunnerError("egress firewall: " + name + ": " + e.what());
+    } catch (const std::exception& e) {
+      throw RunnerError("egress firewall: " + name + ": " + e.what());
+    }
+  }
+
+  void arm(const policy::Allowlist& allow) {
+    const std::string ns_path = netnsPath(netns_name_);
+    {
+      // Held until the slot's addresses are on the host end: they are what marks it taken.
+      std::optional<SlotLock> lock;
+      step("subnet", [&] {
+        lock.emplace();
+        net_ = allocateSubnet(*lock);
+      });
+      step(
+          "veth", [&] { createVeth(id_, netns_name_, net_); }, [this] { return removeVeth(id_); });
+    }
+    step("sandbox link", [&] { configureSandboxLink(ns_path, net_); });
+    step("forwarding", [] { enableForwarding(); });
+    step(
+        "host nat", [&] { installHostNat(id_, net_); }, [this] { return removeHostNat(id_); });
+    step(
+        "dns forwarder",
+        [&] {
+          auto admitter = std::make_shared<Admitter>(id_, ns_path);
+          auto local = std::make_shared<HostAddresses>();
+          ForwarderConfig cfg;
+          cfg.id = id_;
+          cfg.allow = allow;
+          cfg.listen = {asio::ip::make_address(net_.host4), asio::ip::make_address(net_.host6)};
+          cfg.admit = [admitter](const std::vector<AllowElement>& e) { return admitter->admit(e); };
+          cfg.local = [local](const asio::ip::address& a) { return local->contains(a); };
+          forwarder_ = std::make_unique<DnsForwarder>(std::move(cfg));
+          forwarder_->start();
+        },
+        [this] {
+          if (forwarder_) forwarder_->stop();
+          return true;
+        });
+    step(
+        "ruleset",
+        [&] {
+          runChecked("nft", {"nft", "-f", "-"}, sandboxRuleset(net_, {}), kNftTimeout, ns_path);
+        },
+        [this, ns_path] {
+          if (!std::filesystem::exists(ns_path)) return true;
+          const auto table = std::string(kEgressTable);
+          if (runCommand({"nft", "delete", "table", "inet", table}, "", kNftTimeout, ns_path)
+                  .status == 0) {
+            return true;
+          }
+          return runCommand({"nft", "list", "table", "inet", table}, "", kNftTimeout, ns_path)
+                     .status != 0;
+        });
+    // Seed 000: "DNS is allowlisted first, then names are resolved from inside the sandbox":
+    // the ruleset above holds the DNS rule, and each name's A (over IPv4) and AAAA (over IPv6)
+    // query now goes from the netns through it to the forwarder, which opens what it answers.
+    step("pre-resolve", [&] { preResolve(allow, ns_path); });
+    step("verify", [&] { verify(ns_path); });
+    common::log::info("egress firewall armed", {{"agent", id_},
+                                                {"veth", hostVeth()},
+                                                {"resolver", net_.host4},
+                                                {"resolver6", net_.host6},
+                                                {"slot", net_.slot}});
+  }
+
+ private:
+  void preResolve(const policy::Allowlist& allow, const std::string& ns_path) {
+    for (const auto& rule : allow.rules()) {
+      if (rule.wildcard) continue;  // `*.x` names are opened when the agent asks for them
+      for (const auto& [qtype, server] :
+           {std::pair{kTypeA, net_.host4}, std::pair{kTypeAaaa, net_.host6}}) {
+        const ParsedReply r = queryFromNetns(ns_path, asio::ip::make_address(server), 53, rule.name,
+                                             qtype, kPreResolveTimeout);
+        if (r.rcode != kRcodeNoError && r.rcode != kRcodeNxDomain) {
+          throw RunnerError("the sandbox's resolver answered " + rule.name +
+                            (qtype == kTypeA ? " A" : " AAAA") + " with RCODE " +
+                            std::to_string(r.rcode) + " (see the dns log line)");
+        }
+        if (r.rcode == kRcodeNxDomain || r.addresses.empty()) {
+          common::log::warn(
+              "egress firewall: allowed name has no address yet",
+              {{"agent", id_}, {"name", rule.name}, {"qtype", qtype == kTypeA ? "A" : "AAAA"}});
+        }
+      }
+    }
+  }
+
+  // The ruleset as the kernel holds it, not as we sent it.
+  void verify(const std::string& ns_path) const {
+    const std::string out =
+        runChecked("nft", {"nft", "-j", "list", "ruleset"}, "", kNftTimeout, ns_path);
+    const auto doc = nlohmann::json::parse(out, nullptr, false);
+    if (doc.is_discarded() || !doc.contains("nftables")) {
+      throw RunnerError("`nft -j list ruleset` in the netns gave no JSON");
+    }
+    bool table = false;
+    std::set<std::string> dropping;
+    for (const auto& item : doc["nftables"]) {
+      if (item.contains("table")) {
+        const auto& t = item["table"];
+        table = table || (t.value("family", "") == "inet" && t.value("name", "") == kEgressTable);
+      }
+      if (item.contains("chain")) {
+        const auto& c = item["chain"];
+        if (c.value("table", "") == kEgressTable && c.value("family", "") == "inet" &&
+            c.value("policy", "") == "drop") {
+          dropping.insert(c.value("hook", ""));
+        }
+      }
+    }
+    if (!table || !dropping.contains("output") || !dropping.contains("input")) {
+      throw RunnerError("the netns ruleset does not hold table inet " + std::string(kEgressTable) +
+                        " with output and input policy drop");
+    }
+  }
+
+  std::string id_;
+  std::string netns_name_;
+  Addressing net_;
+  std::unique_ptr<DnsForwarder> forwarder_;
+  std::vector<std::pair<std::string, std::function<bool()>>> undo_;
+};
+
+}  // namespace
+
+std::unique_ptr<Egress> arm(const std::string& id, const std::string& netns_name,
+                            const std::vector<std::string>& allow) {
+  checkId(id);
+  policy::Allowlist list;
+  for (const auto& entry : allow) {
+    try {
+      list.add(policy::parseAllowRule(entry));
+    } catch (const policy::AllowRuleError& e) {
+      throw RunnerError("egress firewall: allow entry \"" + entry + "\": " + e.what());
+    }
+  }
+  if (!std::filesystem::exists(netnsPath(netns_name))) {
+    throw RunnerError("egress firewall: netns " + netnsPath(netns_name) + " does not exist");
+  }
+  auto egress = std::make_unique<FirewallEgress>(id, netns_name);
+  try {
+    egress->arm(list);
+  } catch (...) {
+    egress->teardown();
+    throw;
+  }
+  return egress;
 }
-void reap(const std::string&) noexcept {}
+
+void reap(const std::string& id) noexcept {
+  try {
+    checkId(id);
+  } catch (...) {
+    return;  // not an id we could have made: nothing of ours carries it
+  }
+  if (!removeVeth(id)) {
+    common::log::warn("egress firewall: reap could not remove veth", {{"veth", hostVethName(id)}});
+  }
+  if (!removeHostNat(id)) {
+    common::log::warn("egress firewall: reap could not remove host table",
+                      {{"table", hostTableName(id)}});
+  }
+}
+
 }  // namespace runner::firewall

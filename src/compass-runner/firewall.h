@@ -15,8 +15,12 @@ namespace runner::firewall {
 class Egress {
  public:
   virtual ~Egress() = default;
-  /// The sandbox's resolver ("10.x.y.1"): give it to the container (`podman --dns`).
+  /// The sandbox's resolver on IPv4 ("10.231.x.y", the veth's host end): give it to the
+  /// container (`podman --dns`).
   [[nodiscard]] virtual std::string resolverAddress() const = 0;
+  /// The same resolver on IPv6 ("fd5a:7c3e:91b4:n::1"); a second `--dns` is optional, the
+  /// ruleset allows DNS to both.
+  [[nodiscard]] virtual std::string resolverAddress6() const = 0;
   /// The host-side veth name (for the roster and gc).
   [[nodiscard]] virtual std::string hostVeth() const = 0;
   /// Removes everything arm() made. Idempotent; never throws.
@@ -27,7 +31,11 @@ class Egress {
 /// holding only lo): veth pair (host `cv<id>`, sandbox `eth0`) with IPv4 and IPv6 addresses
 /// and default routes, host forwarding + masquerade, the DNS forwarder, then the ruleset with
 /// `allow` (names as in --egress-allow / bundle egress.allow; `host` or `host:port`, `*.x`)
-/// pre-resolved into its sets. Throws RunnerError naming the step; on throw nothing is left.
+/// pre-resolved into its sets. The steps, in order (docs/compass-runner.md "Egress firewall"):
+/// subnet, veth, sandbox link, forwarding, host nat, dns forwarder, ruleset, pre-resolve,
+/// verify. `id` must be 1..12 characters of [a-z0-9]. Throws RunnerError("egress firewall:
+/// <step>: <reason>"); on throw nothing is left. Call teardown() only once the agent's
+/// processes are gone (the veth goes first, so no path out remains while the ruleset goes).
 std::unique_ptr<Egress> arm(const std::string& id, const std::string& netns_name,
                             const std::vector<std::string>& allow);
 

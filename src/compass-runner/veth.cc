@@ -1,0 +1,174 @@
+#include "compass-runner/veth.h"
+
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "compass-runner/backend.h"
+#include "compass-runner/process.h"
+
+namespace runner::firewall {
+namespace {
+
+constexpr const char* kLockDir = "/run/compass-runner";
+constexpr const char* kLockFile = "/run/compass-runner/firewall.lock";
+constexpr std::chrono::seconds kCommandTimeout{10};
+
+bool linkExists(const std::string& name) {
+  return std::filesystem::exists("/sys/class/net/" + name);
+}
+
+void setSysctl(const std::string& path) {
+  std::string current;
+  {
+    std::ifstream in(path);
+    if (!in) throw RunnerError("forwarding: cannot read " + path + ": " + std::strerror(errno));
+    in >> current;
+  }
+  if (current == "1") return;
+  std::ofstream out(path);
+  out << "1\n";
+  out.flush();
+  if (!out)
+    throw RunnerError("forwarding: cannot write 1 to " + path + ": " + std::strerror(errno));
+}
+
+}  // namespace
+
+std::string hostVethName(const std::string& id) { return "cv" + id; }
+
+void checkId(const std::string& id) {
+  const bool ok = !id.empty() && id.size() <= 12 && std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+  });
+  if (!ok) {
+    throw RunnerError("egress firewall: agent id \"" + id +
+                      "\" must be 1..12 characters of [a-z0-9] (it names cv<id> and an nft table)");
+  }
+}
+
+SlotLock::SlotLock() {
+  if (::mkdir(kLockDir, 0700) != 0 && errno != EEXIST) {
+    throw RunnerError(std::string("subnet allocation: mkdir ") + kLockDir + ": " +
+                      std::strerror(errno));
+  }
+  fd_ = common::UniqueFd(::open(kLockFile, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd_.valid()) {
+    throw RunnerError(std::string("subnet allocation: open ") + kLockFile + ": " +
+                      std::strerror(errno));
+  }
+  while (::flock(fd_.get(), LOCK_EX) != 0) {
+    if (errno != EINTR) {
+      throw RunnerError(std::string("subnet allocation: flock ") + kLockFile + ": " +
+                        std::strerror(errno));
+    }
+  }
+}
+
+Addressing allocateSubnet(const SlotLock& /*held*/) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) {
+    throw RunnerError(std::string("subnet allocation: getifaddrs: ") + std::strerror(errno));
+  }
+  std::set<unsigned> taken;
+  std::string foreign;
+  for (const ifaddrs* ifa = list; ifa != nullptr; ifa = ifa->ifa_next) {
+    if (ifa->ifa_addr == nullptr) continue;
+    asio::ip::address addr;
+    if (ifa->ifa_addr->sa_family == AF_INET) {
+      asio::ip::address_v4::bytes_type b{};
+      std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in*>(ifa->ifa_addr)->sin_addr, 4);
+      addr = asio::ip::address_v4(b);
+    } else if (ifa->ifa_addr->sa_family == AF_INET6) {
+      asio::ip::address_v6::bytes_type b{};
+      std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in6*>(ifa->ifa_addr)->sin6_addr, 16);
+      addr = asio::ip::address_v6(b);
+    } else {
+      continue;
+    }
+    const auto slot = slotOfAddress(addr);
+    if (!slot) continue;
+    const std::string ifname = ifa->ifa_name != nullptr ? ifa->ifa_name : "?";
+    if (!ifname.starts_with("cv")) {
+      foreign = ifname + " (" + addr.to_string() + ")";
+      break;
+    }
+    taken.insert(*slot);
+  }
+  ::freeifaddrs(list);
+  if (!foreign.empty()) {
+    throw RunnerError(std::string("subnet allocation: the host already uses the firewall's "
+                                  "pools ") +
+                      kPool4 + " / " + kPool6 + " on " + foreign +
+                      "; egress firewall cannot pick an address that is surely free");
+  }
+  for (unsigned slot = 0; slot < kSlots; ++slot) {
+    if (!taken.contains(slot)) return addressingForSlot(slot);
+  }
+  throw RunnerError("subnet allocation: all " + std::to_string(kSlots) +
+                    " firewall subnets are in use (run `compass-runner gc`?)");
+}
+
+void createVeth(const std::string& id, const std::string& netns_name, const Addressing& net) {
+  const std::string dev = hostVethName(id);
+  // One batch: `ip` stops at the first failing line, and the caller removes the veth.
+  const std::string batch = "link add " + dev + " type veth peer name eth0 netns " + netns_name +
+                            "\n"
+                            "addr add " +
+                            net.host4 + "/30 dev " + dev + "\naddr add " + net.host6 + "/64 dev " +
+                            dev + " nodad\nlink set " + dev + " up\n";
+  runChecked("veth", {"ip", "-batch", "-"}, batch, kCommandTimeout);
+}
+
+void configureSandboxLink(const std::string& netns_path, const Addressing& net) {
+  const std::string batch =
+      "link set lo up\naddr add " + net.sandbox4 + "/30 dev eth0\naddr add " + net.sandbox6 +
+      "/64 dev eth0 nodad\nlink set eth0 up\n"
+      "route add 0.0.0.0/0 via " +
+      net.host4 + " dev eth0\nroute add ::/0 via " + net.host6 + " dev eth0\n";
+  runChecked("sandbox link", {"ip", "-batch", "-"}, batch, kCommandTimeout, netns_path);
+}
+
+void enableForwarding() {
+  setSysctl("/proc/sys/net/ipv4/ip_forward");
+  setSysctl("/proc/sys/net/ipv6/conf/all/forwarding");
+}
+
+void installHostNat(const std::string& id, const Addressing& net) {
+  runChecked("host nat", {"nft", "-f", "-"}, hostNatRuleset(id, hostVethName(id), net),
+             kCommandTimeout);
+}
+
+bool removeHostNat(const std::string& id) noexcept {
+  try {
+    const std::string table = hostTableName(id);
+    if (runCommand({"nft", "delete", "table", "inet", table}, "", kCommandTimeout).status == 0) {
+      return true;
+    }
+    return runCommand({"nft", "list", "table", "inet", table}, "", kCommandTimeout).status != 0;
+  } catch (...) {
+    return false;
+  }
+}
+
+bool removeVeth(const std::string& id) noexcept {
+  try {
+    const std::string dev = hostVethName(id);
+    if (!linkExists(dev)) return true;
+    runCommand({"ip", "link", "del", dev}, "", kCommandTimeout);
+    return !linkExists(dev);
+  } catch (...) {
+    return false;
+  }
+}
+
+}  // namespace runner::firewall
