@@ -125,7 +125,8 @@ std::optional<std::string> httpBody(std::string_view response) {
   const std::string_view head = response.substr(0, head_end);
   const size_t eol = head.find("\r\n");
   const std::string_view status = head.substr(0, eol);
-  if (status.substr(0, 7) != "HTTP/1." || status.size() < 12 || status.substr(8, 4) != " 200") {
+  if (status.substr(0, 7) != "HTTP/1." || status.size() < 12 || status.substr(8, 4) != " 200" ||
+      (status.size() > 12 && status[12] != ' ')) {
     return std::nullopt;
   }
   std::string body(response.substr(head_end + 4));
