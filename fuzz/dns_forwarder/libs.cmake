@@ -1,0 +1,1 @@
+set(FUZZ_LIBS runner_lib)

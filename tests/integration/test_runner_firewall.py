@@ -1,0 +1,463 @@
+"""Egress `firewall` (seeds 000/002; issue 4): the real veth, nft rulesets, DNS forwarder and
+test hosts, seen from inside the sandbox by an unprivileged process.
+
+    root netns
+      firewall_driver (tests/integration/firewall_driver.cc: firewall::arm(), then waits),
+        in a private mount namespace whose /etc/hosts is this module's own file (so a test
+        can move a name without touching the host's /etc/hosts)
+      cv<id>  10.231.x.1 / fd5a:7c3e:91b4:n::1  — the sandbox's resolver, NAT to cr-up
+      cr-up-h 198.18.5.1                         — runner_hosts.py's test hosts
+    netns cfw…  (made here, holding only lo before arm())
+      eth0 10.231.x.2 / …::2; /etc/netns/<ns>/resolv.conf names the resolver
+      commands run as uid 65534 with no capabilities (setpriv), as an agent would
+
+Nothing here sends traffic anywhere but loopback and the namespaces the tests create.
+`compass-runner run --backend podman --egress firewall` is tested at the end when the podman
+tier is built (COMPASS_RUNNER), with the same checks from inside the container.
+"""
+
+import json
+import os
+import pathlib
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from runner_hosts import runner_hosts  # noqa: F401 (a fixture)
+import runner_hosts as rh
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _binary(env, default):
+    p = pathlib.Path(os.environ.get(env, REPO / default))
+    return p if p.is_absolute() else REPO / p
+
+
+DRIVER = _binary("FIREWALL_DRIVER", "build/src/compass-runner/firewall_driver")
+RUNNER = _binary("COMPASS_RUNNER", "build/src/compass-runner/compass-runner")
+
+AGENT = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+         "--inh-caps=-all", "--bounding-set=-all"]
+
+CURL_CONNECT_FAILED = 7  # curl: "Failed to connect" (refused / reset / unreachable)
+CURL_NO_RESOLVE = 6      # curl: "Could not resolve host"
+CURL_TIMEOUT = 28
+
+
+def sh(*cmd, check=True, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()}")
+    return r
+
+
+def hosts_text(moving_v4=rh.ALLOWED_V4, moving_v6=rh.ALLOWED_V6):
+    return ("127.0.0.1 localhost\n::1 localhost ip6-localhost\n"
+            f"{rh.ALLOWED_V4} {rh.ALLOWED}\n{rh.ALLOWED_V6} {rh.ALLOWED}\n"
+            f"{rh.DENIED_V4} {rh.DENIED}\n{rh.DENIED_V6} {rh.DENIED}\n"
+            f"{rh.DENIED_V4} www.wild.example wild.example\n"
+            f"{rh.DENIED_V6} www.wild.example wild.example\n"
+            f"127.0.0.1 loop.example\n::1 loop.example\n"
+            f"169.254.169.254 metadata.example\n::ffff:127.0.0.1 metadata.example\n"
+            f"{moving_v4} moving.example\n{moving_v6} moving.example\n")
+
+
+def write_in_place(path, text):
+    # The driver sees this file through a bind mount: rewrite the same inode, never rename.
+    with open(path, "r+") as f:
+        f.seek(0)
+        f.write(text)
+        f.truncate()
+
+
+class Sandbox:
+    """A netns armed by firewall_driver; .run() executes a command in it as an agent would."""
+
+    def __init__(self, driver, allow, tmp):
+        self.id = "t" + secrets.token_hex(5)
+        self.ns = "cfw" + self.id
+        self.allow = allow
+        self.tmp = pathlib.Path(tmp)
+        self.hosts = self.tmp / f"hosts-{self.id}"
+        self.hosts.write_text(hosts_text())
+        self.etc = pathlib.Path("/etc/netns") / self.ns
+        self.log = self.tmp / f"driver-{self.id}.log"
+        self.driver = driver
+        self.proc = None
+        self.info = None
+        sh("ip", "netns", "add", self.ns)
+        try:
+            self._start(driver)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, driver):
+        with open(self.log, "wb") as err:
+            self.proc = subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                 'mount --bind "$0" /etc/hosts && exec "$@"', str(self.hosts),
+                 str(driver), self.id, self.ns, *self.allow],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(timeout=30)
+            raise RuntimeError(f"firewall_driver failed ({self.proc.returncode}): "
+                               + self.log.read_text(errors="replace"))
+        self.info = json.loads(line)
+        self.etc.mkdir(parents=True, exist_ok=True)
+        (self.etc / "resolv.conf").write_text(
+            f"nameserver {self.info['resolver4']}\nnameserver {self.info['resolver6']}\n"
+            "options timeout:2 attempts:1\n")
+        # No host names from the host's /etc/hosts: every name goes through the resolver.
+        (self.etc / "hosts").write_text("127.0.0.1 localhost\n::1 localhost\n")
+
+    @property
+    def veth(self):
+        return self.info["veth"]
+
+    def run(self, *cmd, timeout=30, root=False):
+        prefix = ["ip", "netns", "exec", self.ns] + ([] if root else AGENT)
+        return subprocess.run(prefix + list(cmd), capture_output=True, text=True,
+                              timeout=timeout)
+
+    def curl(self, url, *opts):
+        return self.run("curl", "-sS", "--max-time", "5", *opts, url)
+
+    def dig(self, *args):
+        return self.run("dig", "+tries=1", "+time=3", *args)
+
+    def connect(self, addr, port):
+        """Connects from the sandbox; returns the Python exception's name or 'connected'."""
+        code = ("import socket,sys\n"
+                "try:\n"
+                f"  socket.create_connection(({addr!r}, {port}), timeout=5).close()\n"
+                "  print('connected')\n"
+                "except Exception as e:\n"
+                "  print(type(e).__name__)\n")
+        r = self.run("/usr/bin/python3", "-c", code)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    def log_lines(self):
+        out = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def stop(self):
+        """Tears the firewall down (stdin EOF); returns the driver's exit status."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.stdin.close()
+        out = self.proc.stdout.read()
+        rc = self.proc.wait(timeout=30)
+        assert json.loads(out.decode().strip().splitlines()[-1]) == {"down": True}
+        return rc
+
+    def close(self):
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.stop()
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+        sh("ip", "netns", "del", self.ns, check=False)
+        shutil.rmtree(self.etc, ignore_errors=True)
+        sh(str(self.driver), "--reap", self.id, check=False)  # whatever a failed test left
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    if not DRIVER.exists():
+        pytest.fail(f"{DRIVER} not built (set FIREWALL_DRIVER or build the tree)")
+    # A snapshot, so that a rebuild during the session cannot swap the binary under a test.
+    snap = tmp_path_factory.mktemp("fw") / "firewall_driver"
+    shutil.copy2(DRIVER, snap)
+    return snap
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory):
+    return tmp_path_factory.mktemp("fwsb")
+
+
+@pytest.fixture(scope="module")
+def sandbox(runner_hosts, driver, tmp):
+    sb = Sandbox(driver, [rh.ALLOWED, "loop.example", "metadata.example"], tmp)
+    yield sb
+    sb.close()
+
+
+@pytest.fixture
+def make_sandbox(runner_hosts, driver, tmp):
+    made = []
+
+    def make(allow):
+        sb = Sandbox(driver, allow, tmp)
+        made.append(sb)
+        return sb
+
+    yield make
+    for sb in made:
+        sb.close()
+
+
+# ---------------------------------------------------------------------------------------
+# The agent's view
+
+
+def test_agent_runs_without_capabilities(sandbox):
+    r = sandbox.run("sh", "-c", "id -u; grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split()
+    assert lines[0] == "65534"
+    assert "0000000000000000" in r.stdout and r.stdout.count("0000000000000000") == 3
+
+
+def test_allowed_name_over_ipv4_and_ipv6(sandbox):
+    r4 = sandbox.curl(f"http://{rh.ALLOWED}/", "-4")
+    assert r4.returncode == 0, r4.stderr
+    assert r4.stdout == "allowed.example\n"
+    r6 = sandbox.curl(f"http://{rh.ALLOWED}/", "-6")
+    assert r6.returncode == 0, r6.stderr
+    assert r6.stdout == "allowed.example\n"
+
+
+def test_allowed_name_was_opened_before_the_agent_asked(sandbox):
+    # Seed 000: names are resolved from inside the sandbox once DNS is allowed, so the sets
+    # hold both families at start, with the name that opened each address.
+    r = sandbox.run("nft", "list", "ruleset", root=True)
+    assert f'{rh.ALLOWED_V4} comment "{rh.ALLOWED}"' in r.stdout
+    assert f'{rh.ALLOWED_V6} comment "{rh.ALLOWED}"' in r.stdout
+    assert rh.DENIED_V4 not in r.stdout and rh.DENIED_V6 not in r.stdout
+
+
+def test_denied_name_is_refused_by_dns(sandbox):
+    for qtype in ("A", "AAAA", "ANY", "TXT"):
+        r = sandbox.dig(rh.DENIED, qtype)
+        assert "status: REFUSED" in r.stdout, r.stdout + r.stderr
+    r = sandbox.curl(f"http://{rh.DENIED}/")
+    assert r.returncode == CURL_NO_RESOLVE, (r.returncode, r.stderr)
+
+
+def test_each_refusal_is_logged_with_its_reason(sandbox):
+    sandbox.dig(f"logged-{secrets.token_hex(3)}.denied.example", "A")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        hits = [l for l in sandbox.log_lines()
+                if l.get("msg") == "dns refused" and l.get("reason") == "denied-name"
+                and l.get("name", "").startswith("logged-") and l.get("agent") == sandbox.id]
+        if hits:
+            break
+        time.sleep(0.05)
+    assert hits, sandbox.log.read_text()
+
+
+def test_allowed_name_with_other_types_gets_no_data(sandbox):
+    r = sandbox.dig(rh.ALLOWED, "TXT")
+    assert "status: NOERROR" in r.stdout and "ANSWER: 0" in r.stdout, r.stdout
+
+
+def test_dns_answers_over_both_resolver_addresses_and_tcp(sandbox):
+    for server in (sandbox.info["resolver4"], sandbox.info["resolver6"]):
+        for transport in ("+notcp", "+tcp"):
+            r = sandbox.dig(f"@{server}", transport, "+short", rh.ALLOWED, "AAAA")
+            assert r.stdout.strip() == rh.ALLOWED_V6, (server, transport, r.stdout, r.stderr)
+
+
+def test_denied_address_fails_fast_not_by_timeout(sandbox):
+    for url, family in ((f"http://{rh.DENIED_V4}/", "-4"), (f"http://[{rh.DENIED_V6}]/", "-6")):
+        r = sandbox.curl(url, family)
+        assert r.returncode == CURL_CONNECT_FAILED, (url, r.returncode, r.stderr)
+    assert sandbox.connect(rh.DENIED_V4, 80) == "ConnectionRefusedError"
+    assert sandbox.connect(rh.DENIED_V6, 80) == "ConnectionRefusedError"
+
+
+def test_outside_resolver_and_dns_ports_fail(sandbox):
+    # cr-up answers DNS on every address it has; the denied one is an outside resolver.
+    r = sandbox.dig(f"@{rh.DENIED_V4}", rh.ALLOWED, "A")
+    assert r.returncode != 0 and "ANSWER SECTION" not in r.stdout, r.stdout
+    assert "timed out" not in r.stdout + r.stderr  # rejected, not silently dropped
+    r6 = sandbox.dig(f"@{rh.DENIED_V6}", rh.ALLOWED, "A")
+    assert r6.returncode != 0 and "ANSWER SECTION" not in r6.stdout, r6.stdout
+    for port in (53, 853):
+        assert sandbox.connect(rh.DENIED_V4, port) == "ConnectionRefusedError", port
+        assert sandbox.connect(rh.DENIED_V6, port) == "ConnectionRefusedError", port
+
+
+def test_host_services_are_out_of_reach(sandbox):
+    # The host end is the resolver and nothing else; the host's other addresses are not
+    # reachable either (the test hosts' gateway 198.18.5.1 is one of the host's own).
+    assert sandbox.connect(sandbox.info["resolver4"], 22) == "ConnectionRefusedError"
+    assert sandbox.connect(rh.HOST_V4, 80) == "ConnectionRefusedError"
+
+
+def test_agent_cannot_change_the_ruleset(sandbox):
+    r = sandbox.run("nft", "flush", "ruleset")
+    assert r.returncode != 0
+    assert "Operation not permitted" in r.stderr, r.stderr
+    r = sandbox.run("ip", "link", "add", "x0", "type", "dummy")
+    assert r.returncode != 0
+    still = sandbox.run("nft", "list", "chain", "inet", "compass_egress", "output", root=True)
+    assert "policy drop" in still.stdout
+    assert sandbox.curl(f"http://{rh.DENIED_V4}/").returncode == CURL_CONNECT_FAILED
+
+
+def test_wildcard_names_are_opened_on_demand(make_sandbox):
+    sb = make_sandbox(["*.wild.example"])
+    # Not pre-resolved: the address is closed until the agent asks for the name.
+    assert sb.curl(f"http://{rh.DENIED_V4}/").returncode == CURL_CONNECT_FAILED
+    r = sb.curl("http://www.wild.example/")
+    assert r.returncode == 0 and r.stdout == "denied.example\n", r.stderr
+    sets = sb.run("nft", "list", "ruleset", root=True).stdout
+    assert f'{rh.DENIED_V4} comment "www.wild.example"' in sets
+    assert "status: REFUSED" in sb.dig("wild.example").stdout  # `*.x` never matches x
+
+
+def test_forbidden_addresses_are_never_answered(sandbox):
+    for name in ("loop.example", "metadata.example"):
+        for qtype in ("A", "AAAA"):
+            r = sandbox.dig("+short", name, qtype)
+            assert r.returncode == 0 and r.stdout.strip() == "", (name, qtype, r.stdout)
+    assert any(l.get("reason") == "forbidden-address" for l in sandbox.log_lines())
+
+
+def test_host_port_rule_opens_only_that_port(make_sandbox):
+    sb = make_sandbox([f"{rh.ALLOWED}:80"])
+    r = sb.curl(f"http://{rh.ALLOWED}/")
+    assert r.returncode == 0 and r.stdout == "allowed.example\n", r.stderr
+    # cr-up runs a DNS server on the allowed address: port 53 there is not port 80.
+    d = sb.dig(f"@{rh.ALLOWED_V4}", rh.ALLOWED)
+    assert d.returncode != 0 and "ANSWER SECTION" not in d.stdout, d.stdout
+    assert sb.connect(rh.ALLOWED_V4, 853) == "ConnectionRefusedError"
+    assert sb.connect(rh.ALLOWED_V6, 853) == "ConnectionRefusedError"
+    assert sb.connect(rh.ALLOWED_V6, 80) == "connected"
+
+
+def test_empty_policy_is_pure_default_deny(make_sandbox):
+    sb = make_sandbox([])
+    assert "status: REFUSED" in sb.dig(rh.ALLOWED).stdout
+    assert sb.curl(f"http://{rh.ALLOWED_V4}/").returncode == CURL_CONNECT_FAILED
+    assert sb.curl(f"http://[{rh.ALLOWED_V6}]/").returncode == CURL_CONNECT_FAILED
+    assert sb.run("sh", "-c", "echo ok").stdout == "ok\n"  # loopback and the rest still work
+
+
+def test_a_name_that_moves_keeps_working_without_widening(make_sandbox):
+    sb = make_sandbox(["moving.example"])
+    assert sb.curl("http://moving.example/").stdout == "allowed.example\n"
+    # The host's resolver now gives other addresses (a CDN moving the name).
+    write_in_place(sb.hosts, hosts_text(moving_v4=rh.DENIED_V4, moving_v6=rh.DENIED_V6))
+    r4 = sb.curl("http://moving.example/", "-4")
+    assert r4.returncode == 0 and r4.stdout == "denied.example\n", r4.stderr
+    r6 = sb.curl("http://moving.example/", "-6")
+    assert r6.returncode == 0 and r6.stdout == "denied.example\n", r6.stderr
+    # Only what the name was answered with was opened: nothing else came with it.
+    sets = sb.run("nft", "list", "ruleset", root=True).stdout
+    assert f'{rh.DENIED_V4} comment "moving.example"' in sets
+    assert "status: REFUSED" in sb.dig(rh.DENIED).stdout
+
+
+# ---------------------------------------------------------------------------------------
+# Arming and teardown
+
+
+def _leftovers(sb_id, ns=None):
+    found = []
+    if sh("ip", "link", "show", f"cv{sb_id}", check=False).returncode == 0:
+        found.append(f"veth cv{sb_id}")
+    if sh("nft", "list", "table", "inet", f"compass_nat_{sb_id}", check=False).returncode == 0:
+        found.append(f"table compass_nat_{sb_id}")
+    if ns is not None and pathlib.Path(f"/run/netns/{ns}").exists():
+        r = sh("ip", "netns", "exec", ns, "nft", "list", "ruleset", check=False)
+        if r.stdout.strip():
+            found.append(f"netns ruleset: {r.stdout[:200]}")
+        links = sh("ip", "-n", ns, "-o", "link", "show", check=False).stdout
+        if "eth0" in links:
+            found.append("eth0 in the netns")
+    return found
+
+
+def test_teardown_leaves_nothing(make_sandbox):
+    sb = make_sandbox([rh.ALLOWED])
+    assert _leftovers(sb.id, sb.ns)  # armed: all of it is there
+    assert sb.stop() == 0
+    assert _leftovers(sb.id, sb.ns) == []
+    # The resolver's port is free again: a new agent could bind it.
+    r = sh("ss", "-Hlnu", f"src {sb.info['resolver4']}", check=False)
+    assert r.stdout.strip() == ""
+
+
+def test_reap_removes_what_a_killed_runner_left(make_sandbox, driver):
+    sb = make_sandbox([rh.ALLOWED])
+    sb.proc.send_signal(signal.SIGKILL)
+    sb.proc.wait()
+    assert f"veth cv{sb.id}" in _leftovers(sb.id)
+    r = sh(str(driver), "--reap", sb.id)
+    assert json.loads(r.stdout) == {"reaped": sb.id}
+    assert _leftovers(sb.id) == []
+
+
+def _arm_expect_refusal(driver, ns, allow, tmp):
+    sb_id = "t" + secrets.token_hex(5)
+    r = subprocess.run([str(driver), sb_id, ns, *allow], capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=60)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    return sb_id, r.stderr
+
+
+def test_arm_refuses_a_missing_netns(driver, tmp):
+    sb_id, err = _arm_expect_refusal(driver, "cfw-missing-" + secrets.token_hex(3), [], tmp)
+    assert "does not exist" in err
+    assert _leftovers(sb_id) == []
+
+
+def test_arm_refuses_a_bad_allow_entry(driver, tmp):
+    ns = "cfwbad" + secrets.token_hex(3)
+    sh("ip", "netns", "add", ns)
+    try:
+        sb_id, err = _arm_expect_refusal(driver, ns, ["198.18.5.2"], tmp)
+        assert 'allow entry "198.18.5.2"' in err and "IP literal" in err, err
+        assert _leftovers(sb_id, ns) == []
+    finally:
+        sh("ip", "netns", "del", ns, check=False)
+
+
+def test_a_failing_step_unwinds_everything_before_it(driver, tmp):
+    # A netns that already has a default route: "sandbox link" fails after the veth and its
+    # host addresses exist, and they must go with the refusal.
+    ns = "cfwfail" + secrets.token_hex(3)
+    sh("ip", "netns", "add", ns)
+    try:
+        sh("ip", "-n", ns, "link", "add", "x0", "type", "veth", "peer", "name", "x1")
+        sh("ip", "-n", ns, "link", "set", "x0", "up")
+        sh("ip", "-n", ns, "route", "add", "default", "dev", "x0")
+        sh("ip", "-n", ns, "-6", "route", "add", "default", "dev", "x0")
+        sb_id, err = _arm_expect_refusal(driver, ns, [rh.ALLOWED], tmp)
+        assert "egress firewall: sandbox link:" in err, err
+        assert _leftovers(sb_id, ns) == []
+    finally:
+        sh("ip", "netns", "del", ns, check=False)
+
+
+# ---------------------------------------------------------------------------------------
+# End to end: compass-runner run --backend podman --egress firewall
+
+
+def _podman_firewall_ready():
+    if not RUNNER.exists():
+        return f"{RUNNER} not built"
+    r = subprocess.run(["podman", "image", "exists", "localhost/compass-agent:latest"],
+                       capture_output=True)
+    if r.returncode != 0:
+        return "the default image is not built (compass-runner image build)"
+    return None
