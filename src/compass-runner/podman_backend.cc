@@ -25,6 +25,7 @@
 #include "compass-runner/netns.h"
 #include "compass-runner/podman_cli.h"
 #include "compass-runner/podman_conf.h"
+#include "compass-runner/podman_rootfs.h"
 #include "compass-runner/podman_userns.h"
 #include "compass-runner/process.h"
 #include "compass-runner/sam_box_process.h"
@@ -146,8 +147,7 @@ class PodmanBackend final : public Backend {
   void reap(const AgentRecord& rec) override {
     const std::string conf = containersConfPath();
     writeContainersConf(conf);
-    reapId(conf, rec.id, rec.container, rec.netns, rec.sam_box_pid,
-           rec.state_dir.empty() ? "" : rec.state_dir + "/" + kSocketFile);
+    reapId(conf, rec.id, rec.container, rec.netns, rec.sam_box_pid, rec.state_dir);
   }
 
   void reapOrphans(const std::vector<std::string>& live_ids) override {
@@ -161,18 +161,20 @@ class PodmanBackend final : public Backend {
     for (const auto& id : agentContainers(conf)) consider(id);
     for (const auto& id : netns::listAgentIds()) consider(id);
     for (const auto& id : claimedIds()) consider(id);
+    for (const auto& id : rootfsIds()) consider(id);
     for (const auto& [pid, sock] : samBoxesUnder(stateRoot("podman"))) {
       const std::string dir = sock.substr(0, sock.rfind('/'));
       const std::string id = dir.substr(dir.rfind('/') + 1);
       if (live.count(id) == 0) killSamBox(pid);
     }
-    for (const auto& id : dead) reapId(conf, id, "", "", -1, "");
+    for (const auto& id : dead) reapId(conf, id, "", "", -1, stateRoot("podman") + "/" + id);
   }
 
  private:
   Started startSteps(const AgentSpec& spec) {
     const Posture egress = posture(spec);
     id_ = spec.id;
+    state_dir_ = spec.state_dir;
     container_ = netns::nameFor(spec.id);
     const std::string ns = netns::nameFor(spec.id);
     const std::string socket = spec.state_dir + "/" + kSocketFile;
@@ -212,6 +214,16 @@ class PodmanBackend final : public Backend {
     const IdRange ids = step("user namespace", [&] { return claimIds(spec.id); });
     undo_.emplace_back([id = spec.id] { releaseIds(id); });
 
+    // 2b. --rootfs: an overlay over DIR with owners shifted into those ids (DIR is never
+    // written, and container root owns what it must).
+    std::string rootfs;
+    if (!spec.rootfs.empty()) {
+      rootfs = step("rootfs", [&] {
+        return mountShiftedRootfs(spec.rootfs, spec.id, spec.state_dir, ids.base);
+      });
+      undo_.emplace_back([this] { unmountRootfs(id_, state_dir_); });
+    }
+
     // 3. The netns, holding only lo until a step below adds tun0 or the firewall's veth.
     step("netns", [&] { netns::create(ns); });
     netns_ = ns;
@@ -247,7 +259,7 @@ class PodmanBackend final : public Backend {
     run.name = container_;
     run.agent_id = spec.id;
     run.image = image_;
-    run.rootfs = spec.rootfs;
+    run.rootfs = rootfs;
     run.netns_path = netns::pathOf(ns);
     run.id_base = ids.base;
     run.user = kAgentUser;
@@ -364,6 +376,7 @@ class PodmanBackend final : public Backend {
     if (!removeContainer(conf_, container_)) {
       note("teardown: container " + container_ + " is still there (run `compass-runner gc`)");
     }
+    if (!unmountRootfs(id_, state_dir_)) note("teardown: the --rootfs overlay is still mounted");
     sam_box_.stop();
     teardownEgress();
     tun_.reset();
@@ -389,10 +402,12 @@ class PodmanBackend final : public Backend {
 
   // What gc removes for one agent id; every name is derived from the id when not recorded.
   static void reapId(const std::string& conf, const std::string& id, std::string container,
-                     std::string ns, int sam_box_pid, const std::string& socket) {
+                     std::string ns, int sam_box_pid, const std::string& state_dir) {
     if (container.empty()) container = netns::nameFor(id);
     if (ns.empty()) ns = netns::nameFor(id);
     if (!removeContainer(conf, container)) note("gc: could not remove container " + container);
+    if (!unmountRootfs(id, state_dir)) note("gc: could not unmount the --rootfs overlay of " + id);
+    const std::string socket = state_dir + "/" + kSocketFile;
     if (sam_box_pid > 0 && isSamBoxFor(sam_box_pid, socket)) killSamBox(sam_box_pid);
     firewall::reap(id);
     if (!netns::remove(ns)) note("gc: could not remove netns " + ns);
@@ -400,6 +415,7 @@ class PodmanBackend final : public Backend {
   }
 
   std::string id_;
+  std::string state_dir_;
   std::string conf_;
   std::string image_;
   std::string container_;

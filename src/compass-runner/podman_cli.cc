@@ -78,8 +78,7 @@ std::vector<std::string> runArgs(const RunSpec& spec) {
   if (!spec.pidfile.empty()) a.insert(a.end(), {"--pidfile", spec.pidfile});
   if (!spec.argv.empty()) a.insert(a.end(), {"--entrypoint", spec.argv.front()});
   if (!spec.rootfs.empty()) {
-    // :O = an overlay over DIR: the agent's writes land in a throw-away upper layer.
-    a.insert(a.end(), {"--rootfs", spec.rootfs + ":O"});
+    a.insert(a.end(), {"--rootfs", spec.rootfs});
   } else {
     a.push_back(spec.image);
   }

@@ -93,11 +93,11 @@ TEST(PodmanRunArgs, LimitsWorkdirAndRootfs) {
   EXPECT_EQ(valuesOf(a, "--cpus"), V{"0.5"});
   EXPECT_EQ(valuesOf(a, "--pids-limit"), V{"100"});
   EXPECT_EQ(valuesOf(a, "--workdir"), V{"/work"});
-  EXPECT_EQ(valuesOf(a, "--rootfs"), V{"/srv/rootfs:O"});
+  EXPECT_EQ(valuesOf(a, "--rootfs"), V{"/srv/rootfs"});
   EXPECT_FALSE(has(a, "localhost/compass-agent:latest"));
   EXPECT_FALSE(has(a, "--preserve-fds"));
   EXPECT_EQ(valuesOf(a, "--entrypoint"), V{"python3"});
-  EXPECT_EQ(V(a.end() - 3, a.end()), (V{"/srv/rootfs:O", "-c", "print(1)"}));
+  EXPECT_EQ(V(a.end() - 3, a.end()), (V{"/srv/rootfs", "-c", "print(1)"}));
 }
 
 TEST(PodmanUpdateArgs, MemoryAndCpusOnly) {
