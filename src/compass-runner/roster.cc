@@ -360,6 +360,17 @@ int collectGarbage() {
     }
   }
   for (const auto& name : {"host", "podman", "microvm"}) {
+    // A tier's leftovers belong to the uid that owns its state root (root for podman and
+    // microvm): another user can neither see nor remove them, so does not try.
+    const std::string root = stateRoot(name);
+    const uid_t owner = ownerOf(root);
+    if (::geteuid() != 0 && owner != ::geteuid()) {
+      if (owner != static_cast<uid_t>(-1)) {
+        say(std::string("gc: skipping the ") + name + " tier: " + root + " belongs to uid " +
+            std::to_string(owner) + "; run gc as that user to reap it");
+      }
+      continue;
+    }
     std::unique_ptr<Backend> backend;
     try {
       backend = selectBackend(std::string(name), nullptr);

@@ -82,8 +82,9 @@ int stopAgent(const StopOptions& opts);
 int resizeAgent(const ResizeOptions& opts);
 
 /// `compass-runner gc`: for each record whose runner is dead, the tier's reap() and the state
-/// dir's removal; then every available tier's reapOrphans() with the live ids. Prints one
-/// line per thing removed. Exit 0, or 1 if something could not be removed (it says what).
+/// dir's removal; then every available tier's reapOrphans() with the live ids — skipping, with
+/// a note, a tier whose state root belongs to another uid unless the caller is root. Prints
+/// one line per thing removed. Exit 0, or 1 if something could not be removed (it says what).
 int collectGarbage();
 
 }  // namespace runner
