@@ -115,8 +115,10 @@ def _build(t):
         sh("ip", "-n", ns, "addr", "add", v4, "dev", dev)
         sh("ip", "-n", ns, "-6", "addr", "add", v6, "dev", dev, "nodad")
         sh("ip", "-n", ns, "link", "set", dev, "up")
-    # UP has forwarding off (a new namespace's default), so this prefix is a silent black
-    # hole: SYNs to it vanish, which is what a connect timeout needs.
+    # UP has forwarding off, so this prefix is a silent black hole: SYNs to it vanish, which
+    # is what a connect timeout needs. Set explicitly: some kernels start a new namespace
+    # with forwarding on, and UP would then answer host-unreachable.
+    sh("ip", "netns", "exec", t.up, "sysctl", "-qw", "net.ipv4.ip_forward=0")
     sh("ip", "-n", t.box, "route", "add", "198.18.1.0/24", "via", "198.18.0.2")
 
     t.etc.mkdir(parents=True)
