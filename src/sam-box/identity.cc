@@ -10,8 +10,8 @@
 
 namespace sambox {
 
-policy::VerifiedClaims verifyIdentity(const Config& config) {
-  const std::string& path = config.flags.credential_path;
+policy::VerifiedClaims verifyIdentity(const IdentityCheck& check) {
+  const std::string& path = check.token_path;
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw policy::CredentialError("unreadable-token",
@@ -31,14 +31,14 @@ policy::VerifiedClaims verifyIdentity(const Config& config) {
   token = first == std::string::npos ? std::string() : token.substr(first, last - first + 1);
 
   policy::OidcFetchOptions fetch;
-  fetch.issuer = config.flags.credential_issuer;
-  fetch.ca_file = config.flags.credential_ca;
+  fetch.issuer = check.issuer;
+  fetch.ca_file = check.ca_file;
   const policy::Jwks keys = policy::fetchIssuerJwks(fetch);
 
   policy::VerifyOptions opts;
-  opts.issuer = config.flags.credential_issuer;
-  opts.audience = config.flags.credential_audience;
-  opts.expected_subject = config.bundle->external_id;
+  opts.issuer = check.issuer;
+  opts.audience = check.audience;
+  opts.expected_subject = check.expected_subject;
   return policy::verifyJwt(token, keys, opts);
 }
 

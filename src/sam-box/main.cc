@@ -2,10 +2,10 @@
 // connect-udp tunnels on a Unix socket and decides each by the name the agent asked for.
 
 #include "common/log.h"
-#include "sam-box/identity.h"
 #include "sam-box/limits.h"
 #include "sam-box/options.h"
 #include "sam-box/server.h"
+#include "sam-box/verifier.h"
 
 #include <sys/resource.h>
 #include <CLI/CLI.hpp>
@@ -56,15 +56,20 @@ int run(const sambox::Flags& flags) {
     return kExitConfig;
   }
   if (config.verifyCredential()) {
-    try {
-      const auto claims = sambox::verifyIdentity(config);
-      common::log::info(
-          "credential verified",
-          {{"issuer", claims.issuer}, {"subject", claims.subject}, {"agent", config.agentId()}});
-    } catch (const policy::CredentialError& e) {
-      fail(std::string("refusing to start: credential not accepted: ") + e.what(), e.reason());
+    sambox::IdentityCheck check;
+    check.issuer = flags.credential_issuer;
+    check.audience = flags.credential_audience;
+    check.token_path = flags.credential_path;
+    check.ca_file = flags.credential_ca;
+    check.expected_subject = config.bundle->external_id;
+    const sambox::Verdict verdict = sambox::runVerifier(sambox::verifierPath(), check);
+    if (!verdict.ok) {
+      fail("refusing to start: credential not accepted: " + verdict.detail, verdict.reason);
       return kExitIdentity;
     }
+    common::log::info(
+        "credential verified",
+        {{"issuer", verdict.issuer}, {"subject", verdict.subject}, {"agent", config.agentId()}});
   } else if (config.bundle) {
     common::log::warn(
         "--insecure-unverified-bundle: the bundle is not checked against a platform credential, "

@@ -138,6 +138,10 @@ def _build(t):
     if boxlib.SAM_BOX.exists():
         snap = pathlib.Path(t.tmp) / "sam-box"
         shutil.copy2(boxlib.SAM_BOX, snap)
+        # The credential helper is found next to sam-box's own executable.
+        verifier = boxlib.SAM_BOX.parent / "sam-box-verify"
+        if verifier.exists():
+            shutil.copy2(verifier, snap.parent / verifier.name)
         boxlib.SAM_BOX_RUN = snap
 
     t.up_proc = subprocess.Popen(

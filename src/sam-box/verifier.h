@@ -1,0 +1,75 @@
+#pragma once
+// The start-up credential check, run in a separate short-lived program (sam-box-verify).
+// Verifying needs libcurl (OIDC discovery, JWKS over HTTPS) and libcrypto (RS256/ES256) once,
+// at start; linking them into the long-lived boundary would keep their shared-library closure
+// resident for the agent's whole life (about 5 MiB of VmRSS). So sam-box spawns the helper,
+// found next to its own executable, and reads one verdict line from it. Anything other than
+// an "ok" verdict together with exit status 0 refuses the start (fail closed).
+
+#include <chrono>
+#include <string>
+#include <string_view>
+
+namespace sambox {
+
+/// File name of the helper; it is looked for in the directory of sam-box's own executable.
+inline constexpr const char* kVerifierName = "sam-box-verify";
+/// Exit status of the helper when the credential was refused (the verdict says why).
+inline constexpr int kVerifierExitRefused = 3;
+/// Longest verdict read from the helper, in bytes; a longer one is refused.
+inline constexpr size_t kMaxVerdictBytes = size_t{64} * 1024;
+/// The whole check (two HTTPS fetches of at most 10 s each, plus signature checks) must end
+/// within this; the helper is killed after it and the start refused.
+inline constexpr std::chrono::milliseconds kVerifierTimeout{30'000};
+
+// Reasons of the refusals decided by sam-box itself (the helper's own come from policy).
+inline constexpr const char* kReasonVerifierUnavailable = "verifier-unavailable";
+inline constexpr const char* kReasonVerifierFailed = "verifier-failed";
+inline constexpr const char* kReasonVerifierTimeout = "verifier-timeout";
+
+/// What to verify: the flags of `sam-box run` and the bundle's agent.external_id.
+struct IdentityCheck {
+  std::string issuer;            ///< --credential-issuer
+  std::string audience;          ///< --credential-audience
+  std::string token_path;        ///< --credential-path
+  std::string ca_file;           ///< --credential-ca (empty: system store)
+  std::string expected_subject;  ///< the bundle's agent.external_id
+};
+
+/// The helper's answer.
+struct Verdict {
+  bool ok = false;
+  std::string reason;   ///< refusal: stable kebab-case reason ("bad-audience", ...)
+  std::string detail;   ///< refusal: a sentence for the operator
+  std::string issuer;   ///< ok: the verified "iss"
+  std::string subject;  ///< ok: the verified "sub"
+};
+
+/// One JSON line (with the trailing newline) carrying `v`.
+std::string verdictLine(const Verdict& v);
+
+/// Parses what the helper wrote. Never throws: anything that is not exactly one well-formed
+/// verdict object is a refusal with reason kReasonVerifierFailed.
+Verdict parseVerdict(std::string_view text);
+
+/// The helper's path: kVerifierName in the directory of /proc/self/exe. Empty if that link
+/// cannot be read.
+std::string verifierPath();
+
+/// Runs `helper` (an absolute path; no PATH search) with `check` as its arguments, reads its
+/// verdict from a pipe and reaps it. Returns an ok verdict only if the helper said ok and
+/// exited with status 0. A helper that cannot be started gives kReasonVerifierUnavailable,
+/// one that outlives `timeout` is killed and gives kReasonVerifierTimeout, one that crashes
+/// or writes no well-formed verdict gives kReasonVerifierFailed.
+Verdict runVerifier(const std::string& helper, const IdentityCheck& check,
+                    std::chrono::milliseconds timeout = kVerifierTimeout);
+
+/// The helper's command line for `check` (argv[1..]), shared by runVerifier() and the
+/// helper's own parser so that the two cannot drift.
+inline constexpr const char* kArgIssuer = "--issuer";
+inline constexpr const char* kArgAudience = "--audience";
+inline constexpr const char* kArgTokenPath = "--token-path";
+inline constexpr const char* kArgCaFile = "--ca-file";
+inline constexpr const char* kArgSubject = "--subject";
+
+}  // namespace sambox

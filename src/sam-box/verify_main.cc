@@ -1,0 +1,73 @@
+// sam-box-verify: the start-up credential check of sam-box, as a short-lived program
+// (verifier.h says why). sam-box runs it once with the flags below and reads one JSON verdict
+// line from its stdout; it is not meant to be run by hand, but can be:
+//
+//   sam-box-verify --issuer URL --audience AUD --token-path FILE --ca-file FILE --subject SUB
+//
+// Exit status: 0 verified, 3 refused (the verdict says why), 2 bad command line.
+
+#include "policy/jwt.h"
+#include "sam-box/identity.h"
+#include "sam-box/verifier.h"
+
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <string>
+
+namespace {
+
+constexpr int kExitUsage = 2;
+
+int usage(const std::string& why) {
+  std::fprintf(stderr,
+               "sam-box-verify: %s\nusage: sam-box-verify --issuer URL --audience AUD "
+               "--token-path FILE --ca-file FILE|'' --subject SUB\n",
+               why.c_str());
+  return kExitUsage;
+}
+
+int emit(const sambox::Verdict& v) {
+  const std::string line = sambox::verdictLine(v);
+  const bool written = std::fwrite(line.data(), 1, line.size(), stdout) == line.size();
+  if (std::fflush(stdout) != 0 || !written) return kExitUsage;  // sam-box refuses: no verdict
+  return v.ok ? 0 : sambox::kVerifierExitRefused;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string*> flags;
+  sambox::IdentityCheck check;
+  flags[sambox::kArgIssuer] = &check.issuer;
+  flags[sambox::kArgAudience] = &check.audience;
+  flags[sambox::kArgTokenPath] = &check.token_path;
+  flags[sambox::kArgCaFile] = &check.ca_file;
+  flags[sambox::kArgSubject] = &check.expected_subject;
+  std::map<std::string, bool> seen;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string key = argv[i];
+    const auto it = flags.find(key);
+    if (it == flags.end()) return usage("unknown argument " + key);
+    if (i + 1 >= argc) return usage(key + " needs a value");
+    if (seen[key]) return usage(key + " given twice");
+    seen[key] = true;
+    *it->second = argv[i + 1];
+  }
+  if (seen.size() != flags.size()) return usage("every flag is required");
+
+  sambox::Verdict v;
+  try {
+    const policy::VerifiedClaims claims = sambox::verifyIdentity(check);
+    v.ok = true;
+    v.issuer = claims.issuer;
+    v.subject = claims.subject;
+  } catch (const policy::CredentialError& e) {
+    v.reason = e.reason();
+    v.detail = e.what();
+  } catch (const std::exception& e) {
+    v.reason = sambox::kReasonVerifierFailed;
+    v.detail = e.what();
+  }
+  return emit(v);
+}

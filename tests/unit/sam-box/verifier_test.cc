@@ -1,0 +1,184 @@
+#include "sam-box/verifier.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace sambox {
+namespace {
+
+using std::chrono::milliseconds;
+
+TEST(VerdictTest, RoundTripsOk) {
+  Verdict v;
+  v.ok = true;
+  v.issuer = "https://issuer.example";
+  v.subject = "system:serviceaccount:agents:a";
+  const Verdict back = parseVerdict(verdictLine(v));
+  EXPECT_TRUE(back.ok);
+  EXPECT_EQ(back.issuer, v.issuer);
+  EXPECT_EQ(back.subject, v.subject);
+}
+
+TEST(VerdictTest, RoundTripsRefusal) {
+  Verdict v;
+  v.reason = "bad-audience";
+  v.detail = "aud \"x\" does not name\nthe audience";
+  const Verdict back = parseVerdict(verdictLine(v));
+  EXPECT_FALSE(back.ok);
+  EXPECT_EQ(back.reason, "bad-audience");
+  EXPECT_EQ(back.detail, v.detail);
+}
+
+TEST(VerdictTest, AnythingElseIsARefusal) {
+  for (const std::string bad : {
+           "",
+           "\n",
+           "{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\"}",  // no newline
+           "{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\"}\n\n",
+           "{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\"}\n{}\n",
+           "{\"verdict\":\"ok\",\"issuer\":\"i\"}\n",
+           "{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":1}\n",
+           "{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\",\"extra\":1}\n",
+           "{\"verdict\":\"OK\",\"issuer\":\"i\",\"subject\":\"s\"}\n",
+           "{\"verdict\":true,\"issuer\":\"i\",\"subject\":\"s\"}\n",
+           "[\"ok\"]\n",
+           "ok\n",
+           "{\"verdict\":\"refused\",\"reason\":\"Bad Reason\",\"detail\":\"d\"}\n",
+           "{\"verdict\":\"refused\",\"reason\":\"\",\"detail\":\"d\"}\n",
+           "{\"verdict\":\"refused\",\"reason\":\"x\"}\n",
+       }) {
+    const Verdict v = parseVerdict(bad);
+    EXPECT_FALSE(v.ok) << bad;
+    EXPECT_EQ(v.reason, kReasonVerifierFailed) << bad;
+  }
+  std::string huge = "{\"verdict\":\"refused\",\"reason\":\"x\",\"detail\":\"";
+  huge += std::string(kMaxVerdictBytes, 'a') + "\"}\n";
+  EXPECT_EQ(parseVerdict(huge).reason, kReasonVerifierFailed);
+}
+
+TEST(VerifierPathTest, IsBesideThisExecutable) {
+  const std::string path = verifierPath();
+  ASSERT_FALSE(path.empty());
+  EXPECT_EQ(std::filesystem::path(path).filename(), kVerifierName);
+  EXPECT_EQ(std::filesystem::path(path).parent_path(),
+            std::filesystem::canonical("/proc/self/exe").parent_path());
+}
+
+class RunVerifierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("sambox-verifier-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+    check_.issuer = "https://issuer.test";
+    check_.audience = "aud";
+    check_.token_path = "/tok";
+    check_.ca_file = "";
+    check_.expected_subject = "sub-1";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  /// A fake helper: a shell script with `body`.
+  std::string helper(const std::string& body) {
+    const auto path = dir_ / "helper.sh";
+    std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
+    ::chmod(path.c_str(), 0755);
+    return path.string();
+  }
+
+  std::filesystem::path dir_;
+  IdentityCheck check_;
+};
+
+TEST_F(RunVerifierTest, OkVerdictAndStatusZeroVerifies) {
+  const Verdict v = runVerifier(
+      helper(
+          "echo '{\"verdict\":\"ok\",\"issuer\":\"https://issuer.test\",\"subject\":\"sub-1\"}'"),
+      check_);
+  EXPECT_TRUE(v.ok) << v.reason << ": " << v.detail;
+  EXPECT_EQ(v.subject, "sub-1");
+}
+
+TEST_F(RunVerifierTest, PassesTheCheckAsArguments) {
+  // The helper echoes its argv back as the refusal detail.
+  const Verdict v = runVerifier(
+      helper("printf '{\"verdict\":\"refused\",\"reason\":\"args\",\"detail\":\"%s\"}\\n' \"$*\"; "
+             "exit 3"),
+      check_);
+  EXPECT_EQ(v.reason, "args");
+  EXPECT_EQ(v.detail,
+            "--issuer https://issuer.test --audience aud --token-path /tok --ca-file  "
+            "--subject sub-1");
+}
+
+TEST_F(RunVerifierTest, RefusalCarriesTheHelpersReason) {
+  const Verdict v = runVerifier(
+      helper("echo '{\"verdict\":\"refused\",\"reason\":\"expired\",\"detail\":\"exp passed\"}'; "
+             "exit 3"),
+      check_);
+  EXPECT_FALSE(v.ok);
+  EXPECT_EQ(v.reason, "expired");
+  EXPECT_EQ(v.detail, "exp passed");
+}
+
+TEST_F(RunVerifierTest, OkVerdictWithAFailureStatusIsRefused) {
+  for (const char* status : {"1", "3"}) {
+    const Verdict v = runVerifier(
+        helper(
+            std::string("echo '{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\"}'; exit ") +
+            status),
+        check_);
+    EXPECT_FALSE(v.ok) << status;
+    EXPECT_EQ(v.reason, kReasonVerifierFailed) << status;
+  }
+}
+
+TEST_F(RunVerifierTest, RefusalWithStatusZeroIsStillRefused) {
+  const Verdict v = runVerifier(
+      helper("echo '{\"verdict\":\"refused\",\"reason\":\"expired\",\"detail\":\"d\"}'"), check_);
+  EXPECT_FALSE(v.ok);
+  EXPECT_EQ(v.reason, kReasonVerifierFailed);
+}
+
+TEST_F(RunVerifierTest, NoVerdictIsRefused) {
+  EXPECT_EQ(runVerifier(helper("exit 0"), check_).reason, kReasonVerifierFailed);
+  EXPECT_EQ(runVerifier(helper("echo garbage"), check_).reason, kReasonVerifierFailed);
+}
+
+TEST_F(RunVerifierTest, CrashIsRefused) {
+  const Verdict v = runVerifier(
+      helper("echo '{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\"}'; kill -SEGV $$"),
+      check_);
+  EXPECT_FALSE(v.ok);
+  EXPECT_EQ(v.reason, kReasonVerifierFailed);
+}
+
+TEST_F(RunVerifierTest, MissingOrRelativeHelperIsUnavailable) {
+  EXPECT_EQ(runVerifier((dir_ / "no-such-helper").string(), check_).reason,
+            kReasonVerifierUnavailable);
+  EXPECT_EQ(runVerifier("sam-box-verify", check_).reason, kReasonVerifierUnavailable);
+  EXPECT_EQ(runVerifier("", check_).reason, kReasonVerifierUnavailable);
+}
+
+TEST_F(RunVerifierTest, SlowHelperIsKilledAtTheDeadline) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Verdict v = runVerifier(helper("exec sleep 30"), check_, milliseconds(300));
+  EXPECT_EQ(v.reason, kReasonVerifierTimeout);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST_F(RunVerifierTest, HelperThatClosesStdoutButLingersIsKilled) {
+  const Verdict v = runVerifier(
+      helper("echo '{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\"}'; exec >&-; sleep 30"),
+      check_, milliseconds(300));
+  EXPECT_FALSE(v.ok);
+  EXPECT_EQ(v.reason, kReasonVerifierTimeout);
+}
+
+}  // namespace
+}  // namespace sambox
