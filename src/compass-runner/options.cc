@@ -281,6 +281,19 @@ Command parseCommandLine(int argc, const char* const* argv) {
   build_cmd->add_flag("--force", image_build.build.force, "Rebuild even if the image exists");
   build_cmd->add_option("--name", image_build.build.name, "Image name")->capture_default_str();
 
+  // CLI11 reports an unknown command word only as "A subcommand is required"; name it.
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view word = argv[i];
+    if (word.empty() || word.front() == '-') continue;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) known = known || sub->check_name(argv[i]);
+    if (!known) {
+      return Exit{kExitUsage, "compass-runner: unknown command \"" + std::string(word) +
+                                  "\"; the commands are run, agents, stop, resize, gc, image "
+                                  "(see --help)\n"};
+    }
+    break;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
