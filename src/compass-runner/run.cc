@@ -141,7 +141,11 @@ int runAgent(const RunOptions& opts) {
   Started started;
   try {
     writeRecord(rec);  // preliminary: from here on gc can find what a killed runner leaves
-    if (watcher.signal() != 0) throw RunnerError("stopped by a signal before it started");
+    if (const int sig = watcher.signal(); sig != 0) {
+      removeQuietly(spec.state_dir);
+      say(std::string("stopped by SIG") + sigabbrev_np(sig) + " before the agent started");
+      return 128 + sig;
+    }
     started = backend->start(spec);
   } catch (const std::exception& e) {
     removeQuietly(spec.state_dir);
