@@ -28,10 +28,11 @@ using std::chrono::minutes;
 
 constexpr const char* kSuite = "bookworm";
 constexpr const char* kMirror = "http://deb.debian.org/debian";
-// A shell, curl, python3 and node for agents and the demo; dig, ip and nft so tests can show
+// A shell, curl, python3 (the full standard library: python3-minimal has no json) and node
+// for agents and the demo; dig, ip and nft so tests can show
 // from inside that the sandbox cannot use them; ps for the roster's eye.
 constexpr const char* kPackages =
-    "curl,python3-minimal,nodejs,ca-certificates,dnsutils,iproute2,nftables,procps";
+    "curl,python3,nodejs,ca-certificates,dnsutils,iproute2,nftables,procps";
 
 void progress(const std::string& line) {
   std::fprintf(stderr, "compass-runner image build: %s\n", line.c_str());

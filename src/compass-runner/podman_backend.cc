@@ -327,7 +327,9 @@ class PodmanBackend final : public Backend {
     tun_.reset();
     const auto deadline = Clock::now() + kContainerStartTimeout;
     while (true) {
-      if (const pid_t pid = readPid(run.pidfile); pid > 0) return pid;
+      // The pidfile is written at `runc create`; the agent runs once `runc start` has made that
+      // process exec the entry point, which renames it from "runc:[2:INIT]".
+      if (const pid_t pid = readPid(run.pidfile); pid > 0 && !stillRuncInit(pid)) return pid;
       int status = 0;
       if (::waitpid(podman_pid_, &status, WNOHANG) == podman_pid_) {
         podman_pid_ = -1;
@@ -346,6 +348,12 @@ class PodmanBackend final : public Backend {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+  }
+
+  static bool stillRuncInit(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
+    std::string comm;
+    return std::getline(in, comm) && comm.rfind("runc:", 0) == 0;
   }
 
   static pid_t readPid(const std::string& path) {

@@ -1,0 +1,531 @@
+"""compass-runner's podman tier with egress `boundary` (the default), end to end: real
+rootful podman (runc), the runner's netns with tun0, a real sam-box, nano-init as the
+container's entry point, and the test hosts of runner_hosts.py (allowed.example and
+denied.example, an outside DNS server on 198.18.5.2:53, a listener on :853).
+
+Binaries: COMPASS_RUNNER (default build/src/compass-runner/compass-runner); the runner finds
+sam-box and nano-init beside it in the build tree, or COMPASS_SAM_BOX / COMPASS_NANO_INIT.
+The default image is built once (`compass-runner image build`, cached by podman).
+"""
+
+import json
+import os
+import pathlib
+import re
+import select
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from runner_hosts import runner_hosts  # noqa: F401 (a fixture)
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+RUNNER = pathlib.Path(os.environ.get("COMPASS_RUNNER",
+                                     REPO / "build/src/compass-runner/compass-runner"))
+if not RUNNER.is_absolute():
+    RUNNER = REPO / RUNNER
+STATE_ROOT = pathlib.Path(os.environ.get("COMPASS_STATE_DIR", "/run/compass-runner"))
+CONTAINERS_CONF = STATE_ROOT / "containers.conf"
+ID_BASE = 0x70000000  # podman_userns.h kIdBase
+ALLOW = "allowed.example:80"  # port-restricted: allowed.example:53 and :853 stay refused
+
+
+def runner_env(**extra):
+    env = dict(os.environ)
+    env.pop("CONTAINERS_CONF", None)
+    for ours, theirs in (("COMPASS_SAM_BOX", "SAM_BOX"), ("COMPASS_NANO_INIT", "NANO_INIT")):
+        if theirs in os.environ and ours not in os.environ:
+            env[ours] = str(pathlib.Path(os.environ[theirs]).resolve())
+    env.update(extra)
+    return env
+
+
+def runner(*args, timeout=120, env=None, **kw):
+    return subprocess.run([str(RUNNER), *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, env=env or runner_env(), **kw)
+
+
+def podman(*args):
+    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, CONTAINERS_CONF=str(CONTAINERS_CONF)))
+
+
+def run_agent(*cmd, allow=(ALLOW,), extra=(), timeout=120, env=None):
+    args = ["run", "--backend", "podman"]
+    for a in allow:
+        args += ["--egress-allow", a]
+    return runner(*args, *extra, "--", *cmd, timeout=timeout, env=env)
+
+
+class Live:
+    """A runner in the background: waits for its "agent ID running" line."""
+
+    def __init__(self, *cmd, allow=(ALLOW,), extra=()):
+        args = [str(RUNNER), "run", "--backend", "podman"]
+        for a in allow:
+            args += ["--egress-allow", a]
+        self.proc = subprocess.Popen([*args, *extra, "--", *cmd], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=runner_env())
+        self.err = ""
+        self.id = self._wait_running()
+        self.record = json.loads((STATE_ROOT / self.id / "agent.json").read_text())
+
+    def _wait_running(self, timeout=60):
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stderr.fileno()
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([fd], [], [], 0.5)
+            if r:
+                chunk = os.read(fd, 65536).decode(errors="replace")
+                if not chunk:
+                    break
+                self.err += chunk
+                m = re.search(r"agent (a[0-9a-f]{10}) running", self.err)
+                if m:
+                    return m.group(1)
+        self.proc.kill()
+        raise AssertionError(f"the agent did not start: {self.err}")
+
+    def wait(self, timeout=60):
+        out, err = self.proc.communicate(timeout=timeout)
+        self.err += err.decode(errors="replace")
+        return self.proc.returncode, out.decode(errors="replace")
+
+
+def wait_for(predicate, what, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def leftovers(agent_id):
+    """Everything of one agent that may outlive it; empty when teardown was complete."""
+    left = []
+    if podman("container", "exists", f"compass-{agent_id}").returncode == 0:
+        left.append(f"container compass-{agent_id}")
+    if pathlib.Path(f"/run/netns/compass-{agent_id}").exists():
+        left.append(f"netns compass-{agent_id}")
+    if pathlib.Path(f"/sys/class/net/cv{agent_id}").exists():
+        left.append(f"veth cv{agent_id}")
+    if (STATE_ROOT / agent_id).exists():
+        left.append(f"state dir {STATE_ROOT / agent_id}")
+    if pathlib.Path(f"/run/compass-rootfs/{agent_id}").exists():
+        left.append(f"rootfs mount /run/compass-rootfs/{agent_id}")
+    claims = pathlib.Path("/run/compass-uidmap")
+    if claims.is_dir() and any(p.read_text() == agent_id for p in claims.iterdir()):
+        left.append("uid range claim")
+    for proc in pathlib.Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"sam-box") and str(STATE_ROOT / agent_id).encode() in b" ".join(argv):
+            left.append(f"sam-box pid {proc.name}")
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    if agent_id in tables:
+        left.append(f"nft table: {tables}")
+    return left
+
+
+@pytest.fixture(scope="module")
+def image():
+    if os.geteuid() != 0:
+        pytest.fail("the podman tier tests run as root")
+    if not RUNNER.exists():
+        pytest.fail(f"compass-runner not found at {RUNNER} (set COMPASS_RUNNER)")
+    r = runner("image", "build", timeout=1800)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.fixture(scope="module")
+def probes(image, runner_hosts):
+    """One agent runs every probe and reports JSON; the tests below read its answers."""
+    script = r'''
+import json, os, socket, subprocess
+def run(*cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    return {"rc": r.returncode, "out": r.stdout, "err": r.stderr}
+def tcp(host, port, family=socket.AF_INET):
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.settimeout(8)
+    try:
+        s.connect((host, port))
+        s.settimeout(2)
+        try:
+            data = s.recv(100).decode(errors="replace")
+        except OSError as e:
+            data = "recv: " + repr(e)
+        return {"ok": True, "data": data}
+    except OSError as e:
+        return {"ok": False, "error": type(e).__name__ + ": " + str(e)}
+    finally:
+        s.close()
+status = open("/proc/self/status").read()
+res = {
+  "curl4_allowed": run("curl", "-4", "-sS", "-m", "10", "http://allowed.example/"),
+  "curl6_allowed": run("curl", "-6", "-sS", "-m", "10", "http://allowed.example/"),
+  "curl_denied": run("curl", "-sS", "-m", "10", "http://denied.example/"),
+  "curl6_denied": run("curl", "-6", "-sS", "-m", "10", "http://denied.example/"),
+  "curl_raw_ip": run("curl", "-sS", "-m", "10", "http://198.18.5.2/"),
+  "curl_raw_ip6": run("curl", "-g", "-sS", "-m", "10", "http://[2001:db8:5::2]/"),
+  "dig_outside": run("dig", "@198.18.5.2", "allowed.example", "+time=2", "+tries=1"),
+  "dig_outside_tcp": run("dig", "+tcp", "@198.18.5.2", "allowed.example", "+time=2", "+tries=1"),
+  "dig_virtual": run("dig", "+short", "allowed.example"),
+  "tcp_ip_53": tcp("198.18.5.2", 53),
+  "tcp_ip_853": tcp("198.18.5.2", 853),
+  "tcp_ip6_853": tcp("2001:db8:5::2", 853, socket.AF_INET6),
+  "tcp_name_53": tcp("allowed.example", 53),
+  "tcp_name_853": tcp("allowed.example", 853),
+  "nft_flush": run("nft", "flush", "ruleset"),
+  "ip_link_add": run("ip", "link", "add", "dummy0", "type", "dummy"),
+  "ip_addr_add": run("ip", "addr", "add", "10.9.9.9/32", "dev", "lo"),
+  "links": run("ip", "-o", "link", "show"),
+  "routes": run("ip", "route", "show"),
+  "resolv": open("/etc/resolv.conf").read(),
+  "status": {k: v.strip() for k, v in (l.split(":", 1) for l in status.splitlines())},
+  "isatty": [os.isatty(0), os.isatty(1), os.isatty(2)],
+  "uid": os.getuid(),
+  "tun_dev": os.path.exists("/dev/net/tun"),
+}
+print("PROBES " + json.dumps(res))
+'''
+    r = run_agent("python3", "-c", script, timeout=300)
+    line = [l for l in r.stdout.splitlines() if l.startswith("PROBES ")]
+    assert r.returncode == 0 and line, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    return json.loads(line[0][len("PROBES "):])
+
+
+# ---------------------------------------------------------------------------------------
+# Egress through the boundary
+
+
+def test_allowed_name_over_ipv4_and_ipv6(probes, runner_hosts):
+    assert runner_hosts.fetch(runner_hosts.ALLOWED_V4) == "allowed.example\n"  # reachable at all
+    for key in ("curl4_allowed", "curl6_allowed"):
+        assert probes[key]["rc"] == 0, probes[key]
+        assert probes[key]["out"] == "allowed.example\n", probes[key]
+
+
+def test_denied_name_is_refused_not_timed_out(probes, runner_hosts):
+    # The host can reach denied.example: only the boundary stands between.
+    assert runner_hosts.fetch(runner_hosts.DENIED_V4) == "denied.example\n"
+    for key in ("curl_denied", "curl6_denied"):
+        # 7 = connection refused (the SYN answered with RST); 28 would be a timeout.
+        assert probes[key]["rc"] == 7, probes[key]
+        assert "denied.example" not in probes[key]["out"], probes[key]
+
+
+def test_raw_ip_literals_fail(probes):
+    for key in ("curl_raw_ip", "curl_raw_ip6"):
+        assert probes[key]["rc"] != 0, probes[key]
+        assert "allowed.example" not in probes[key]["out"], probes[key]
+
+
+def test_outside_resolver_gets_no_query_only_the_virtual_dns_answers(probes):
+    # The outside server answers every A query with 198.18.5.2: seeing it means DNS escaped.
+    for key in ("dig_outside", "dig_outside_tcp"):
+        assert probes[key]["rc"] != 0, probes[key]
+        assert "ANSWER SECTION" not in probes[key]["out"], probes[key]
+    answers = probes["dig_virtual"]["out"].split()
+    assert answers and all(a.startswith("100.") for a in answers), probes["dig_virtual"]
+
+
+def test_tcp_53_and_853_out_fail(probes):
+    for key in ("tcp_ip_53", "tcp_ip_853", "tcp_ip6_853", "tcp_name_53", "tcp_name_853"):
+        assert not probes[key]["ok"], (key, probes[key])
+        assert "dot-853" not in probes[key].get("data", ""), (key, probes[key])
+
+
+def test_sandbox_network_is_lo_and_tun0_with_the_virtual_resolver(probes):
+    links = re.findall(r"^\d+: ([^:@]+)", probes["links"]["out"], re.M)
+    assert sorted(links) == ["lo", "tun0"], probes["links"]
+    assert "default dev tun0" in probes["routes"]["out"], probes["routes"]
+    assert "mtu 9000" in probes["links"]["out"], probes["links"]
+    servers = re.findall(r"^nameserver\s+(\S+)", probes["resolv"], re.M)
+    assert servers == ["100.127.255.253"], probes["resolv"]
+    assert not probes["tun_dev"], "the container must not see /dev/net/tun"
+
+
+# ---------------------------------------------------------------------------------------
+# The agent's privileges
+
+
+def test_agent_cannot_change_the_network(probes):
+    for key in ("nft_flush", "ip_link_add", "ip_addr_add"):
+        assert probes[key]["rc"] != 0, (key, probes[key])
+        assert "Operation not permitted" in probes[key]["err"], (key, probes[key])
+
+
+def test_agent_has_no_capability_and_no_new_privileges(probes):
+    st = probes["status"]
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(st[cap], 16) == 0, (cap, st[cap])
+    assert st["NoNewPrivs"] == "1"
+    assert probes["uid"] == 1000
+
+
+def test_agent_sees_no_operator_terminal(probes):
+    assert probes["isatty"] == [False, False, False]
+
+
+def test_agent_is_not_root_on_the_host_and_only_it_can_use_its_socket(image, runner_hosts):
+    live = Live("sh", "-c", "curl -s http://allowed.example/ >/dev/null; "
+                "curl -s http://denied.example/ >/dev/null; exec sleep 120")
+    try:
+        rec = live.record
+        assert rec["tier"] == "podman" and rec["posture"] == "boundary", rec
+        assert rec["container"] == f"compass-{live.id}" and rec["netns"] == f"compass-{live.id}"
+        assert rec["sam_box_pid"] > 0 and re.fullmatch(r"127\.0\.0\.1:\d+", rec["metrics_addr"])
+        # The agent's first host pid is nano-init, and the command is its child.
+        status = pathlib.Path(f"/proc/{rec['pid']}/status").read_text()
+        uids = [int(u) for u in re.search(r"^Uid:\s+(.*)$", status, re.M).group(1).split()]
+        assert all(u >= ID_BASE + 1000 for u in uids), uids
+        assert all(u != 0 for u in uids)
+        children = pathlib.Path(f"/proc/{rec['pid']}/task/{rec['pid']}/children")
+        kids = wait_for(lambda: children.read_text().split(), "nano-init's child")
+        kid_status = pathlib.Path(f"/proc/{kids[0]}/status").read_text()
+        assert re.search(r"^Uid:\s+(\d+)", kid_status, re.M).group(1) == str(uids[0])
+        assert re.search(r"^CapEff:\s+0+$", kid_status, re.M), kid_status
+        # The socket stays 0600, owned by that host uid only.
+        sock = os.stat(STATE_ROOT / live.id / "agent.sock")
+        assert oct(sock.st_mode & 0o777) == "0o600" and sock.st_uid == uids[0]
+        assert oct(os.stat(STATE_ROOT / live.id).st_mode & 0o777) == "0o700"
+        # The roster shows the boundary's posture and its flow counts (from sam-box).
+        def counted():
+            roster = json.loads(runner("agents", "--json").stdout)
+            mine = [a for a in roster if a["id"] == live.id]
+            return mine and mine[0]["allowed"] >= 1 and mine[0]["denied"] >= 1 and mine[0]
+        mine = wait_for(counted, "one allowed and one denied flow in the roster")
+        assert mine["egress"] == "boundary" and mine["tier"] == "podman", mine
+        assert runner("stop", live.id).returncode == 0
+        code, _ = live.wait()
+        assert code == 128 + signal.SIGTERM, live.err
+    finally:
+        if live.proc.poll() is None:
+            live.proc.kill()
+            live.proc.wait()
+            runner("gc")
+    assert leftovers(live.id) == []
+
+
+def test_exit_status_is_the_agents(image):
+    r = run_agent("sh", "-c", "echo out; echo err >&2; exit 3")
+    assert r.returncode == 3, r.stderr
+    assert "out" in r.stdout and "err" in r.stderr
+
+
+def test_resize_lowers_memory_and_an_allocation_over_it_is_oom_killed(image):
+    # The agent waits for SIGUSR1 (nano-init forwards it), sent once the resize is done, then
+    # allocates 256 MiB: fine under the 512 MiB it started with, not under 64 MiB.
+    script = r'''
+trap 'go=1' USR1
+echo waiting
+i=0
+while [ -z "$go" ]; do
+  i=$((i+1)); [ $i -gt 1200 ] && { echo "no signal"; exit 3; }
+  sleep 0.1
+done
+echo resized
+exec python3 -c 'b = b"x" * (256 << 20); print("allocated")'
+'''
+    live = Live("sh", "-c", script, extra=("--memory", "512m"))
+    try:
+        cgroup = _memory_cgroup(live.record["pid"])
+        assert cgroup.joinpath("memory.limit_in_bytes").read_text().strip() == str(512 << 20)
+        r = runner("resize", live.id, "--memory", "64m")
+        assert r.returncode == 0, r.stderr
+        assert cgroup.joinpath("memory.limit_in_bytes").read_text().strip() == str(64 << 20)
+        os.kill(live.record["pid"], signal.SIGUSR1)
+        code, out = live.wait(timeout=120)
+        assert "resized" in out and "allocated" not in out, (out, live.err)
+        assert code == 137, (code, out, live.err)
+    finally:
+        if live.proc.poll() is None:
+            live.proc.kill()
+            live.proc.wait()
+            runner("gc")
+    assert leftovers(live.id) == []
+
+
+def _memory_cgroup(pid):
+    for line in pathlib.Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return pathlib.Path("/sys/fs/cgroup/memory" + path)
+    raise AssertionError(f"no memory cgroup for {pid}")
+
+
+def test_rootfs_dir_runs_and_is_never_written(image, runner_hosts):
+    env = dict(os.environ, CONTAINERS_CONF=str(CONTAINERS_CONF))
+    mount = subprocess.run(["podman", "image", "mount", "localhost/compass-agent:latest"],
+                           capture_output=True, text=True, env=env, check=True).stdout.strip()
+    try:
+        r = run_agent("sh", "-c",
+                      "echo hi > /home/agent/new && cat /home/agent/new && id -u && "
+                      "curl -sS -m 10 http://allowed.example/",
+                      extra=("--rootfs", mount))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == ["hi", "1000", "allowed.example"], r.stdout
+        assert not pathlib.Path(mount, "home/agent/new").exists()
+    finally:
+        subprocess.run(["podman", "image", "unmount", "localhost/compass-agent:latest"],
+                       capture_output=True, env=env)
+
+
+# ---------------------------------------------------------------------------------------
+# Refusals: nothing starts, nothing is left
+
+
+def _no_new_sandboxes(before):
+    after = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+    return sorted(n for n in after - before if n.startswith("compass-"))
+
+
+def test_refuses_without_root(image):
+    r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                        str(RUNNER), "run", "--backend", "podman", "--", "true"],
+                       capture_output=True, text=True, timeout=60, env=runner_env())
+    assert r.returncode == 2, r
+    assert "needs root" in r.stderr, r.stderr
+
+
+def test_refuses_a_missing_image_and_a_rootfs_that_is_no_directory(image):
+    r = run_agent("true", extra=("--image", "localhost/no-such-image:latest"))
+    assert r.returncode == 2 and "no such image" in r.stderr, r.stderr
+    with tempfile.NamedTemporaryFile() as f:
+        r = run_agent("true", extra=("--rootfs", f.name))
+        assert r.returncode == 2 and "not a directory" in r.stderr, r.stderr
+
+
+def test_refuses_when_containers_conf_enables_a_pasta_forward(image):
+    with tempfile.NamedTemporaryFile("w", suffix=".conf") as f:
+        f.write('[network]\npasta_options = ["-T", "5432"]\n')
+        f.flush()
+        r = run_agent("true", env=runner_env(CONTAINERS_CONF=f.name))
+    assert r.returncode == 2, r.stderr
+    assert f.name in r.stderr and "pasta_options" in r.stderr and "5432" in r.stderr, r.stderr
+
+
+def test_a_boundary_that_cannot_start_leaves_nothing(image):
+    before = set(os.listdir("/run/netns"))
+    with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as f:
+        f.write("#!/bin/sh\necho 'sam-box: refusing for this test' >&2\nexit 2\n")
+    os.chmod(f.name, 0o755)
+    try:
+        r = run_agent("true", env=runner_env(COMPASS_SAM_BOX=f.name))
+    finally:
+        os.unlink(f.name)
+    assert r.returncode != 0 and "sam-box" in r.stderr, r.stderr
+    assert "refusing for this test" in r.stderr, r.stderr  # its log's last lines
+    assert _no_new_sandboxes(before) == []
+
+
+# ---------------------------------------------------------------------------------------
+# Teardown
+
+
+def test_fifty_start_stop_cycles_leave_nothing(image, runner_hosts):
+    ids = []
+    for i in range(50):
+        kind = i % 5
+        if kind in (0, 1):
+            r = run_agent("sh", "-c", f"exit {i % 7}")
+            assert r.returncode == i % 7, r.stderr
+            m = re.search(r"agent (a[0-9a-f]{10}) running", r.stderr)
+            assert m, r.stderr
+            ids.append(m.group(1))
+            continue
+        live = Live("sleep", "300")
+        ids.append(live.id)
+        if kind == 2:  # kill -9 of the agent (nano-init, the container's first process)
+            os.kill(live.record["pid"], signal.SIGKILL)
+            code, _ = live.wait()
+            assert code == 137, live.err
+        elif kind == 3:  # compass-runner stop
+            assert runner("stop", live.id).returncode == 0
+            code, _ = live.wait()
+            assert code == 143, live.err
+        else:  # kill -9 of the runner, then gc
+            live.proc.kill()
+            live.proc.wait()
+            r = runner("gc")
+            assert r.returncode == 0, r.stderr
+            assert live.id in r.stdout, r.stdout
+    left = {i: leftovers(i) for i in ids}
+    assert {i: l for i, l in left.items() if l} == {}
+
+
+# ---------------------------------------------------------------------------------------
+# nano-init as the podman tier runs it: no CAP_NET_ADMIN, tun0 from its launcher
+
+NANO_INIT = pathlib.Path(os.environ.get("COMPASS_NANO_INIT") or os.environ.get("NANO_INIT")
+                         or RUNNER.parent.parent / "nano-init/nano-init")
+
+
+def _unprivileged_nano_init_on_a_tun0(configure):
+    """nano-init as uid 65534 (no capability) in a fresh netns whose tun0 the test made and
+    passes as fd 3, configured (as the runner does) or not."""
+    import ctypes
+    import fcntl
+    import struct
+    import threading
+    ns = f"compass-t{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        out = {}
+
+        def make_tun():
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+            assert libc.setns(fd, 0x40000000) == 0
+            os.close(fd)
+            tun = os.open("/dev/net/tun", os.O_RDWR)
+            fcntl.ioctl(tun, 0x400454ca, struct.pack("16sH", b"tun0", 0x0001 | 0x1000))
+            out["tun"] = tun
+
+        t = threading.Thread(target=make_tun)
+        t.start()
+        t.join()
+        if configure:
+            subprocess.run(["ip", "-n", ns, "-batch", "-"], check=True, text=True, input=(
+                "link set lo up\nlink set tun0 up\naddress add 100.64.0.1/10 dev tun0\n"
+                "address add 100::1/64 dev tun0 nodad\nroute add 0.0.0.0/0 dev tun0\n"
+                "route add ::/0 dev tun0\n"))
+        with tempfile.TemporaryDirectory() as d:
+            os.chmod(d, 0o755)
+            # A boundary that accepts nothing: enough for a command that makes no flow.
+            r = subprocess.run(
+                ["ip", "netns", "exec", ns, "setpriv", "--reuid", "65534", "--regid", "65534",
+                 "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", str(NANO_INIT),
+                 "run", f"{d}/none.sock", "sh", "-c", "ip -o addr show dev tun0; echo ran"],
+                capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                pass_fds=(3,), preexec_fn=lambda: os.dup2(out["tun"], 3))
+        os.close(out["tun"])
+        return r
+    finally:
+        subprocess.run(["ip", "netns", "del", ns])
+
+
+def test_nano_init_adopts_a_configured_tun0_without_net_admin():
+    r = _unprivileged_nano_init_on_a_tun0(configure=True)
+    assert r.returncode == 0, r.stderr
+    assert "100.64.0.1/10" in r.stdout and "ran" in r.stdout, r.stdout
+
+
+def test_nano_init_without_net_admin_names_what_tun0_lacks():
+    r = _unprivileged_nano_init_on_a_tun0(configure=False)
+    assert r.returncode == 70, (r.stdout, r.stderr)
+    assert "ran" not in r.stdout
+    for missing in ("tun0 lacks", "tun0 up", "100.64.0.1/10", "100::1/64",
+                    "IPv4 default route", "IPv6 default route"):
+        assert missing in r.stderr, r.stderr
