@@ -1,6 +1,9 @@
 #include "netstack/packet.h"
 
+#include <bit>
 #include <cstring>
+
+#include "netstack/checksum.h"
 
 namespace netstack {
 namespace {
@@ -93,10 +96,10 @@ size_t FlowKeyHash::operator()(const FlowKey& key) const noexcept {
 }
 
 uint32_t checksumAdd(std::span<const uint8_t> data, uint32_t sum) {
-  size_t i = 0;
-  uint64_t wide = sum;
-  for (; i + 1 < data.size(); i += 2) wide += load16(data.data() + i);
-  if (i < data.size()) wide += uint32_t{data[i]} << 8;
+  // The memory-order sum read as a big-endian 16-bit word: the sum of big-endian words.
+  uint16_t folded = onesSumMemoryOrder(data.data(), data.size());
+  if constexpr (std::endian::native == std::endian::little) folded = __builtin_bswap16(folded);
+  uint64_t wide = uint64_t{sum} + folded;
   while (wide >> 32) wide = (wide & 0xffffffff) + (wide >> 32);
   return static_cast<uint32_t>(wide);
 }

@@ -1,5 +1,6 @@
-// The three functions lwIP's NO_SYS port needs from us: a millisecond clock for its timers,
-// random numbers (initial ports), and a sink for its debug output (only with LWIP_DEBUG).
+// The functions lwIP's NO_SYS port needs from us: a millisecond clock for its timers, random
+// numbers (initial ports), a sink for its debug output (only with LWIP_DEBUG), and the
+// checksum routine (LWIP_CHKSUM, arch/cc.h) for the segments it sends.
 
 #include <sys/random.h>
 
@@ -7,6 +8,8 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+
+#include "checksum.h"  // compiled into lwip_core, whose include path has no src/
 
 extern "C" {
 
@@ -24,6 +27,10 @@ uint32_t netstack_lwip_rand(void) {
     value = sys_now() * 2654435761U;
   }
   return value;
+}
+
+uint16_t netstack_lwip_chksum(const void* data, int len) {
+  return netstack::onesSumMemoryOrder(data, len > 0 ? static_cast<size_t>(len) : 0);
 }
 
 void netstack_lwip_diag(const char* format, ...) {

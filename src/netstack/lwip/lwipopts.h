@@ -74,3 +74,10 @@
 #define LWIP_NETIF_LINK_CALLBACK 0
 #define LWIP_ERRNO_STDINCLUDE 1
 #define LWIP_CHKSUM_ALGORITHM 3
+// Every segment lwIP receives was checked first by netstack's parsePacket() (IPv4 header and
+// TCP checksums; a bad one is dropped and counted as malformed): stack.cc feeds lwIP only
+// packets that parsed kOk, and tcp_flow.cc replays a held SYN only after parsing it again.
+// lwIP summing the same bytes a second time would only cost CPU. Outgoing checksums are still
+// computed (LWIP_CHKSUM, arch/cc.h): tun0 has no checksum offload.
+#define CHECKSUM_CHECK_IP 0
+#define CHECKSUM_CHECK_TCP 0
