@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace vdns {
 class VirtualDns;
@@ -36,6 +37,12 @@ struct Core {
   std::unordered_map<FlowKey, std::shared_ptr<UdpFlow>, FlowKeyHash> udp_flows;
   size_t pending_syns = 0;
   bool stopping = false;
+  /// True while the stack handles one batch of packets read from tun0. Flows that receive
+  /// data meanwhile write it to the boundary once, when the batch ends (flushAfterBatch),
+  /// instead of once per segment: a sendmsg() per 1460-byte segment was a third of
+  /// nano-init's CPU on an upload (bench/nano_init_bench.py).
+  bool in_batch = false;
+  std::vector<std::shared_ptr<TcpFlow>> flush_after_batch;
   /// One read buffer for every boundary socket: reads happen one at a time on this thread
   /// and their bytes are handed to lwIP (copied) or written to tun0 at once, so no flow
   /// needs a buffer of its own while it waits.

@@ -93,6 +93,7 @@ struct Stack::Impl {
   void start();
   void stop();
   void readTun();
+  void flushBatch();
   void onPacket(std::span<const uint8_t> bytes);
   void onTcp(std::span<const uint8_t> bytes, const Packet& packet);
   void onUdp(const Packet& packet);
@@ -149,6 +150,7 @@ void Stack::Impl::stop() {
   for (auto& flow : udp) flow->close();
   core.tcp_flows.clear();
   core.udp_flows.clear();
+  core.flush_after_batch.clear();
   core.lwip.stop();
   tun.close(ignored);
   const Counters& c = core.counters;
@@ -173,19 +175,30 @@ void Stack::Impl::stop() {
 void Stack::Impl::readTun() {
   tun.async_wait(asio::posix::descriptor_base::wait_read, [this](const asio::error_code& ec) {
     if (ec || !started) return;
+    bool tun_failed = false;
+    core.in_batch = true;
     for (int i = 0; i < kMaxPacketsPerWakeup && started; ++i) {
       const ssize_t n = ::read(tun.native_handle(), packet_buf.data(), packet_buf.size());
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
         log::error("netstack: read(tun0) failed", {{"error", std::strerror(errno)}});
-        return;  // tun0 is gone: the sandbox has no network any more
+        tun_failed = true;  // tun0 is gone: the sandbox has no network any more
+        break;
       }
       if (n == 0) break;
       onPacket({packet_buf.data(), static_cast<size_t>(n)});
     }
-    if (started) readTun();
+    core.in_batch = false;
+    flushBatch();
+    if (started && !tun_failed) readTun();
   });
+}
+
+void Stack::Impl::flushBatch() {
+  std::vector<std::shared_ptr<TcpFlow>> flows;
+  flows.swap(core.flush_after_batch);
+  for (auto& flow : flows) flow->flushAfterBatch();
 }
 
 void Stack::Impl::onPacket(std::span<const uint8_t> bytes) {

@@ -200,7 +200,20 @@ void TcpFlow::receive(pbuf* p) {
     return;
   }
   to_boundary_.push_back(p);
+  if (core_.in_batch) {
+    // More segments of this flow may be in the same batch: write them all at once after it.
+    if (!flush_queued_) {
+      flush_queued_ = true;
+      core_.flush_after_batch.push_back(shared_from_this());
+    }
+    return;
+  }
   flushToBoundary();
+}
+
+void TcpFlow::flushAfterBatch() {
+  flush_queued_ = false;
+  if (state_ != State::kClosed) flushToBoundary();
 }
 
 void TcpFlow::flushToBoundary() {

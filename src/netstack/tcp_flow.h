@@ -47,6 +47,8 @@ class TcpFlow : public std::enable_shared_from_this<TcpFlow> {
   void sweep(Clock::time_point now);
   /// Drops the flow (the stack stops): resets the agent's side, closes the boundary's.
   void drop() { abort("stack stopping"); }
+  /// Writes what arrived during the batch of tun0 packets that just ended (Core::in_batch).
+  void flushAfterBatch();
 
  private:
   static int8_t onRecv(void* arg, tcp_pcb* pcb, pbuf* p, int8_t err);
@@ -95,6 +97,7 @@ class TcpFlow : public std::enable_shared_from_this<TcpFlow> {
   bool read_waiting_ = false;
   bool write_waiting_ = false;
   bool paused_ = false;            // boundary reads wait for lwIP's send buffer
+  bool flush_queued_ = false;      // in Core::flush_after_batch
   std::deque<pbuf*> to_boundary_;  // received from the agent, not yet taken by the socket
   size_t front_offset_ = 0;        // bytes of to_boundary_.front() already written
   std::string to_agent_;           // bytes lwIP could not take yet (bounded, see .cc)
