@@ -29,7 +29,9 @@ struct SpawnOptions {
   std::string stdout_path;               ///< empty = inherit; else opened O_APPEND|O_CREAT 0600
   std::string stderr_path;               ///< empty = inherit; else opened O_APPEND|O_CREAT 0600
   bool new_session = false;              ///< setsid() in the child (detach from the terminal)
-  bool die_with_parent = true;           ///< PR_SET_PDEATHSIG SIGKILL
+  /// PR_SET_PDEATHSIG SIGKILL. The kernel fires it when the *thread* that called spawn()
+  /// exits (prctl(2)), so spawn from a thread that outlives the child (the main thread).
+  bool die_with_parent = true;
   /// Descriptors to give the child as its stdin/stdout/stderr instead of the paths above
   /// (-1 = use the path). The caller keeps ownership (e.g. pipe ends to relay or capture).
   int stdin_fd = -1;
