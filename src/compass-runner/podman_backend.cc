@@ -230,7 +230,7 @@ class PodmanBackend final : public Backend {
     undo_.emplace_back([this] { removeNetns(); });
 
     std::vector<int> pass_fds;
-    std::string dns;
+    std::vector<std::string> dns;
     std::vector<std::string> argv;
     std::vector<Mount> mounts;
     if (egress == Posture::kBoundary) {
@@ -243,14 +243,14 @@ class PodmanBackend final : public Backend {
       step("sam-box", [&] { startSamBox(spec, sam_box_bin, socket, ids); });
       undo_.emplace_back([this] { sam_box_.stop(); });
       pass_fds.push_back(tun_.get());
-      dns = vdns::kResolverAddress;  // nano-init refuses any other resolv.conf
+      dns = {vdns::kResolverAddress};  // nano-init refuses any other resolv.conf
       mounts = {{socket, kSandboxSocket, false}, {nano_init_bin, kSandboxNanoInit, true}};
       argv = {kSandboxNanoInit, "run", kSandboxSocket};
     } else {
       // 4. The firewall armed (default drop) before the agent exists.
       step("firewall", [&] { egress_ = firewall::arm(spec.id, ns, spec.egress_allow); });
       undo_.emplace_back([this] { teardownEgress(); });
-      dns = egress_->resolverAddress();
+      dns = {egress_->resolverAddress(), egress_->resolverAddress6()};
     }
     argv.insert(argv.end(), spec.command.begin(), spec.command.end());
 

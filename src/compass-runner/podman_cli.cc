@@ -64,7 +64,7 @@ std::vector<std::string> runArgs(const RunSpec& spec) {
       std::to_string(spec.resources.pids.value_or(kDefaultPids)),
   };
   if (spec.pass_fds > 0) a.insert(a.end(), {"--preserve-fds", std::to_string(spec.pass_fds)});
-  if (!spec.dns.empty()) a.insert(a.end(), {"--dns", spec.dns});
+  for (const auto& d : spec.dns) a.insert(a.end(), {"--dns", d});
   if (spec.resources.memory_bytes) {
     // Swap equal to memory: the limit is the limit (podman's default doubles it).
     const std::string m = memoryFlag(*spec.resources.memory_bytes);

@@ -35,15 +35,15 @@ struct Mount {
 
 /// Everything `podman run` needs for one agent.
 struct RunSpec {
-  std::string name;        ///< container name, "compass-<id>"
-  std::string agent_id;    ///< for the compass.agent label
-  std::string image;       ///< image reference (ignored when rootfs is set)
-  std::string rootfs;      ///< --rootfs DIR (mounted as an overlay, so DIR is never written)
-  std::string netns_path;  ///< --network ns:<path>
-  uint32_t id_base = 0;    ///< --uidmap/--gidmap 0:<id_base>:65536
-  std::string user;        ///< --user "uid:gid" inside the container
-  int pass_fds = 0;        ///< --preserve-fds N (tun0 = 1)
-  std::string dns;         ///< --dns
+  std::string name;              ///< container name, "compass-<id>"
+  std::string agent_id;          ///< for the compass.agent label
+  std::string image;             ///< image reference (ignored when rootfs is set)
+  std::string rootfs;            ///< --rootfs DIR (mounted as an overlay, so DIR is never written)
+  std::string netns_path;        ///< --network ns:<path>
+  uint32_t id_base = 0;          ///< --uidmap/--gidmap 0:<id_base>:65536
+  std::string user;              ///< --user "uid:gid" inside the container
+  int pass_fds = 0;              ///< --preserve-fds N (tun0 = 1)
+  std::vector<std::string> dns;  ///< one --dns each, in order
   std::vector<Mount> mounts;
   Resources resources;
   std::string workdir;  ///< -w; empty = the image's

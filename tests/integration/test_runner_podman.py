@@ -338,13 +338,18 @@ done
 echo resized
 exec python3 -c 'b = b"x" * (256 << 20); print("allocated")'
 '''
-    live = Live("sh", "-c", script, extra=("--memory", "512m"))
+    live = Live("sh", "-c", script, extra=("--memory", "512m", "--pids", "200", "--cpus", "1"))
     try:
-        cgroup = _memory_cgroup(live.record["pid"])
-        assert cgroup.joinpath("memory.limit_in_bytes").read_text().strip() == str(512 << 20)
-        r = runner("resize", live.id, "--memory", "64m")
+        pid = live.record["pid"]
+        limits = {("memory", "memory.limit_in_bytes"): (str(512 << 20), str(64 << 20)),
+                  ("pids", "pids.max"): ("200", "50"),
+                  ("cpu", "cpu.cfs_quota_us"): ("100000", "50000")}
+        for (controller, name), (before, _) in limits.items():
+            assert _cgroup(pid, controller).joinpath(name).read_text().strip() == before, name
+        r = runner("resize", live.id, "--memory", "64m", "--pids", "50", "--cpus", "0.5")
         assert r.returncode == 0, r.stderr
-        assert cgroup.joinpath("memory.limit_in_bytes").read_text().strip() == str(64 << 20)
+        for (controller, name), (_, after) in limits.items():
+            assert _cgroup(pid, controller).joinpath(name).read_text().strip() == after, name
         os.kill(live.record["pid"], signal.SIGUSR1)
         code, out = live.wait(timeout=120)
         assert "resized" in out and "allocated" not in out, (out, live.err)
@@ -357,12 +362,13 @@ exec python3 -c 'b = b"x" * (256 << 20); print("allocated")'
     assert leftovers(live.id) == []
 
 
-def _memory_cgroup(pid):
+def _cgroup(pid, controller):
+    """The cgroup v1 directory of `pid` for `controller` (this host's hierarchy)."""
     for line in pathlib.Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            return pathlib.Path("/sys/fs/cgroup/memory" + path)
-    raise AssertionError(f"no memory cgroup for {pid}")
+        if controller in controllers.split(","):
+            return pathlib.Path("/sys/fs/cgroup/" + controllers + path)
+    raise AssertionError(f"no {controller} cgroup for {pid}")
 
 
 def test_rootfs_dir_runs_and_is_never_written(image, runner_hosts):

@@ -35,7 +35,7 @@ RunSpec boundarySpec() {
   s.id_base = 0x70010000;
   s.user = "1000:1000";
   s.pass_fds = 1;
-  s.dns = "100.127.255.253";
+  s.dns = {"100.127.255.253"};
   s.mounts = {{"/run/compass-runner/a0123456789/agent.sock", kSandboxSocket, false},
               {"/usr/lib/compass/nano-init", kSandboxNanoInit, true}};
   s.pidfile = "/run/compass-runner/a0123456789/container.pid";
