@@ -318,6 +318,20 @@ def test_agent_is_not_root_on_the_host_and_only_it_can_use_its_socket(image, run
     assert leftovers(live.id) == []
 
 
+def test_bundle_allowlist_and_identity_banner_and_workdir(image, runner_hosts):
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as b:
+        b.write("version: v1\nagent:\n  id: researcher-1.test.example\n"
+                "egress:\n  allow: [allowed.example]\n")
+        b.flush()
+        r = run_agent("sh", "-c", "pwd; curl -sS -m 10 http://allowed.example/; "
+                      "curl -sS -m 10 http://denied.example/; echo rc=$?",
+                      allow=(), extra=("--bundle", b.name, "--workdir", "/tmp"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["/tmp", "allowed.example", "rc=7"], r.stdout
+    # No platform credential is configured: the launch says the identity is not verified.
+    assert "NOT verified" in r.stderr, r.stderr
+
+
 def test_exit_status_is_the_agents(image):
     r = run_agent("sh", "-c", "echo out; echo err >&2; exit 3")
     assert r.returncode == 3, r.stderr
