@@ -87,7 +87,7 @@ std::string mountShiftedRootfs(const std::string& dir, const std::string& id,
   }
   try {
     // The merged root takes the upper dir's mode (0700 from mkdir): give it DIR's back.
-    struct stat st{};
+    struct stat st {};
     if (::stat(lower.c_str(), &st) != 0 || ::chmod(target.c_str(), st.st_mode & 07777) != 0) {
       throw RunnerError("chmod(" + target + ") to the mode of " + lower + ": " +
                         std::strerror(errno));
