@@ -215,6 +215,10 @@ std::string hostNatRuleset(const std::string& id, const std::string& host_veth,
   rule(in + "ip6 daddr " + net.host6 + " meta l4proto { tcp, udp } th dport 53 accept");
   rule(in + "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } accept");
   rule(in + "drop");
+  // The resolver serves its sandbox only: nothing that arrives by another interface (a LAN
+  // routing to the pool, another agent, the host itself) reaches it.
+  rule("iifname != \"" + host_veth + "\" ip daddr " + net.host4 + " drop");
+  rule("iifname != \"" + host_veth + "\" ip6 daddr " + net.host6 + " drop");
   r += "  }\n}\n";
   return r;
 }

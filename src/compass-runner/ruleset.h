@@ -91,7 +91,8 @@ std::string addElementsBatch(const std::vector<AllowElement>& elements);
 /// sandbox's subnets on both families; forward: from the sandbox anything but the pools,
 /// to it only established/related; input from the sandbox only DNS to its resolver (and
 /// neighbour discovery), so the host's own services stay out of reach even without the
-/// netns ruleset. `host_veth` is `cv<id>`.
+/// netns ruleset; the resolver's addresses take nothing from any other interface.
+/// `host_veth` is `cv<id>`.
 std::string hostNatRuleset(const std::string& id, const std::string& host_veth,
                            const Addressing& net);
 

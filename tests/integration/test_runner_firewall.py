@@ -19,9 +19,11 @@ tier is built (COMPASS_RUNNER), with the same checks from inside the container.
 import json
 import os
 import pathlib
+import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -302,6 +304,21 @@ def test_host_services_are_out_of_reach(sandbox):
     assert sandbox.connect(rh.HOST_V4, 80) == "ConnectionRefusedError"
 
 
+def test_resolver_serves_only_its_own_sandbox(sandbox, make_sandbox):
+    query = bytes.fromhex("abcd01000001000000000000") + b"\x07allowed\x07example\x00\x00\x01\x00\x01"
+    # From the host itself: the resolver's address takes nothing but from its veth.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(1.5)
+        s.sendto(query, (sandbox.info["resolver4"], 53))
+        with pytest.raises(socket.timeout):
+            s.recv(512)
+    # From another agent's sandbox: its own ruleset refuses it at once.
+    other = make_sandbox([rh.ALLOWED])
+    r = other.dig(f"@{sandbox.info['resolver4']}", rh.ALLOWED)
+    assert r.returncode != 0 and "ANSWER SECTION" not in r.stdout, r.stdout
+    assert "status: NOERROR" in other.dig(rh.ALLOWED).stdout  # its own resolver answers
+
+
 def test_agent_cannot_change_the_ruleset(sandbox):
     r = sandbox.run("nft", "flush", "ruleset")
     assert r.returncode != 0
@@ -455,9 +472,98 @@ def test_a_failing_step_unwinds_everything_before_it(driver, tmp):
 
 def _podman_firewall_ready():
     if not RUNNER.exists():
-        return f"{RUNNER} not built"
+        return f"{RUNNER} not built (set COMPASS_RUNNER)"
     r = subprocess.run(["podman", "image", "exists", "localhost/compass-agent:latest"],
                        capture_output=True)
     if r.returncode != 0:
-        return "the default image is not built (compass-runner image build)"
+        return "the default image is not built (`compass-runner image build`)"
     return None
+
+
+# Each check prints "name=value"; the tests below read them. `|| true` everywhere: the
+# script must reach its end whatever one check does.
+AGENT_SCRIPT = f"""
+echo "uid=$(id -u)"
+echo "hostuid=$(awk '$1 <= 1000 && 1000 < $1 + $3 {{ print $2 + 1000 - $1 }}' /proc/self/uid_map)"
+echo "capeff=$(awk '/^CapEff/ {{ print $2 }}' /proc/self/status)"
+echo "v4=$(curl -4 -sS --max-time 5 http://{rh.ALLOWED}/ 2>&1)"
+echo "v6=$(curl -6 -sS --max-time 5 http://{rh.ALLOWED}/ 2>&1)"
+echo "denied_dns=$(dig +tries=1 +time=3 {rh.DENIED} | grep -o 'status: [A-Z]*')"
+echo "denied_name_curl=$(curl -sS --max-time 5 http://{rh.DENIED}/ >/dev/null 2>&1; echo $?)"
+echo "denied_v4=$(curl -sS --max-time 5 http://{rh.DENIED_V4}/ >/dev/null 2>&1; echo $?)"
+echo "denied_v6=$(curl -sS --max-time 5 'http://[{rh.DENIED_V6}]/' >/dev/null 2>&1; echo $?)"
+echo "outside_dns=$(dig +tries=1 +time=3 +short @{rh.DENIED_V4} {rh.ALLOWED} >/dev/null 2>&1; echo $?)"
+echo "tcp53=$(curl -sS --max-time 5 telnet://{rh.DENIED_V4}:53 </dev/null >/dev/null 2>&1; echo $?)"
+echo "tcp853=$(curl -sS --max-time 5 telnet://{rh.DENIED_V4}:853 </dev/null >/dev/null 2>&1; echo $?)"
+echo "tcp853v6=$(curl -sS --max-time 5 'telnet://[{rh.DENIED_V6}]:853' </dev/null >/dev/null 2>&1; echo $?)"
+echo "nft_flush=$(nft flush ruleset >/dev/null 2>&1; echo $?)"
+echo "ip_link_add=$(ip link add x0 type veth peer name x1 >/dev/null 2>&1; echo $?)"
+echo "stdin_tty=$(test -t 0 && echo yes || echo no)"
+echo "dev_tty=$( (exec </dev/tty) >/dev/null 2>&1 && echo opened || echo none)"
+echo "v4_after=$(curl -4 -sS --max-time 5 http://{rh.ALLOWED}/ 2>&1)"
+"""
+
+
+@pytest.fixture(scope="module")
+def podman_agent(runner_hosts):
+    why = _podman_firewall_ready()
+    if why:
+        pytest.skip(why)
+    # The operator's terminal: a pty on stdin. The agent must not be able to reach it.
+    master, slave = os.openpty()
+    try:
+        r = subprocess.run(
+            [str(RUNNER), "run", "--backend", "podman", "--egress", "firewall",
+             "--egress-allow", rh.ALLOWED, "--", "sh", "-c", AGENT_SCRIPT],
+            stdin=slave, capture_output=True, text=True, timeout=180)
+    finally:
+        os.close(slave)
+        os.close(master)
+    out = dict(l.split("=", 1) for l in r.stdout.splitlines() if "=" in l)
+    m = re.search(r"agent (\S+) running", r.stderr)
+    return {"rc": r.returncode, "out": out, "stderr": r.stderr,
+            "id": m.group(1) if m else None}
+
+
+def test_podman_agent_ran(podman_agent):
+    assert podman_agent["rc"] == 0, podman_agent["stderr"]
+    assert podman_agent["id"], podman_agent["stderr"]
+    assert "egress firewall armed" in podman_agent["stderr"]
+
+
+def test_podman_agent_is_unprivileged(podman_agent):
+    o = podman_agent["out"]
+    assert o["uid"] != "0"
+    assert o["hostuid"] not in ("", "0"), o  # container uids map to an unprivileged range
+    assert int(o["hostuid"]) > 65535
+    assert o["capeff"] == "0000000000000000"
+    assert o["nft_flush"] != "0" and o["ip_link_add"] != "0"
+    assert o["v4_after"] == rh.ALLOWED  # the flush attempt changed nothing
+
+
+def test_podman_agent_sees_no_terminal(podman_agent):
+    o = podman_agent["out"]
+    assert o["stdin_tty"] == "no"
+    assert o["dev_tty"] == "none"
+
+
+def test_podman_allowed_name_over_both_families(podman_agent):
+    o = podman_agent["out"]
+    assert o["v4"] == rh.ALLOWED and o["v6"] == rh.ALLOWED, o
+
+
+def test_podman_denials_fail_fast(podman_agent):
+    o = podman_agent["out"]
+    assert o["denied_dns"] == "status: REFUSED"
+    assert o["denied_name_curl"] == str(CURL_NO_RESOLVE)
+    for key in ("denied_v4", "denied_v6", "tcp53", "tcp853", "tcp853v6"):
+        assert o[key] == str(CURL_CONNECT_FAILED), (key, o[key])
+    assert o["outside_dns"] != "0"
+    assert '"reason":"denied-name"' in podman_agent["stderr"]
+
+
+def test_podman_teardown_leaves_nothing(podman_agent):
+    agent_id = podman_agent["id"]
+    assert agent_id
+    assert _leftovers(agent_id) == []
+    assert not pathlib.Path(f"/run/netns/compass-{agent_id}").exists()
