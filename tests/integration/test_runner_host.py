@@ -90,6 +90,21 @@ def alive(pid):
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
+def agent_processes(sandbox_id):
+    """Pids of live processes whose environment names this agent (as gc finds them)."""
+    needle = f"COMPASS_AGENT_ID={sandbox_id}".encode()
+    found = []
+    for d in pathlib.Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if needle in (d / "environ").read_bytes().split(b"\0") and alive(int(d.name)):
+                found.append(int(d.name))
+        except OSError:
+            pass
+    return found
+
+
 class HostAgent:
     """A runner started in the background (as nobody), its stderr collected by a thread."""
 
@@ -129,10 +144,26 @@ class HostAgent:
         self._reader.join(timeout=5)
         return rc
 
-    def kill(self):
+    def end(self):
+        """Ends the runner the way an operator would (SIGTERM: it stops and removes its
+        agent; SIGKILL only if that did not work). Returns the pids the agent left behind,
+        after killing them."""
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        # What the runner SIGKILLed on its way out may take a moment to be gone.
+        try:
+            wait_for(lambda: not agent_processes(self.id), timeout=5, what="agent processes")
+        except AssertionError:
+            pass
+        left = agent_processes(self.id)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        return left
 
 
 @pytest.fixture
@@ -146,8 +177,8 @@ def agents():
         return agent
 
     yield make
-    for a in made:
-        a.kill()
+    left = {a.id: a.end() for a in made}
+    assert all(not pids for pids in left.values()), f"agents left processes behind: {left}"
 
 
 def roster(tmpdir, as_nobody=True):
