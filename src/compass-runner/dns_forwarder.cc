@@ -222,9 +222,10 @@ struct DnsForwarder::Impl {
       const std::array<uint8_t, 2> out_len = {static_cast<uint8_t>(reply.size() >> 8),
                                               static_cast<uint8_t>(reply.size() & 0xff)};
       const std::array<asio::const_buffer, 2> bufs = {asio::buffer(out_len), asio::buffer(reply)};
-      auto [wec, wn] = co_await asio::async_write(socket, bufs, kTuple);
-      (void)wn;
-      if (wec) break;
+      // A client that stops reading must not hold its slot: the same idle bound applies.
+      idle.expires_after(kTcpIdleTimeout);
+      auto sent = co_await (asio::async_write(socket, bufs, kTuple) || idle.async_wait(kTuple));
+      if (sent.index() != 0 || std::get<0>(std::get<0>(sent))) break;
     }
     --tcp_clients;
   }
