@@ -294,8 +294,26 @@ Command parseCommandLine(int argc, const char* const* argv) {
     }
     break;
   }
+  // `run`: everything after the first `--` is the agent's command, given to nobody's parser,
+  // so a flag of the command (curl --memory …) can never be taken as the runner's.
+  std::vector<std::string> after_dashes;
+  bool saw_dashes = false;
+  int parse_argc = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]).empty() || argv[i][0] == '-') continue;
+    if (!run_cmd->check_name(argv[i])) break;
+    for (int j = i + 1; j < argc; ++j) {
+      if (std::string_view(argv[j]) == "--") {
+        saw_dashes = true;
+        parse_argc = j;
+        after_dashes.assign(argv + j + 1, argv + argc);
+        break;
+      }
+    }
+    break;
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(parse_argc, argv);
   } catch (const CLI::ParseError& e) {
     std::ostringstream out;
     std::ostringstream err;
@@ -317,6 +335,15 @@ Command parseCommandLine(int argc, const char* const* argv) {
       }
     }
     if (*run_cmd) {
+      if (!run.spec.command.empty()) {
+        std::string words;
+        for (const auto& w : run.spec.command) words += (words.empty() ? "" : " ") + w;
+        throw RunnerError(
+            "run: put the agent's command after `--` (compass-runner run [FLAGS] "
+            "-- CMD [ARGS…]); \"" +
+            words + "\" came before it" + (saw_dashes ? "" : " and there is no `--`"));
+      }
+      run.spec.command = std::move(after_dashes);
       if (backend_opt->count() > 0) run.backend = backend;
       finishRun(run, allow, allow_opt->count() > 0, egress_opt->count() > 0, egress, memory, cpus,
                 pids);

@@ -35,6 +35,9 @@ bool isMountPoint(const std::string& path) {
   return false;
 }
 
+// The most entries --rootfs may hold (the image built by `image build` has ~10,000).
+constexpr size_t kMaxRootfsEntries = 200000;
+
 // uid/gid u < 65536 → base + u: what the container's id u is on the host.
 void shift(const std::string& path, uint32_t base) {
   auto one = [&](const std::string& p) {
@@ -51,7 +54,16 @@ void shift(const std::string& path, uint32_t base) {
   one(path);
   // Never follows a symlink: directory symlinks are not descended, and lchown changes the
   // link itself.
-  for (const auto& e : fs::recursive_directory_iterator(path)) one(e.path().string());
+  // Bounded: each entry costs a metadata copy-up, and start-up must end.
+  size_t entries = 0;
+  for (const auto& e : fs::recursive_directory_iterator(path)) {
+    if (++entries > kMaxRootfsEntries) {
+      throw RunnerError("more than " + std::to_string(kMaxRootfsEntries) +
+                        " files: too large for a per-agent owner shift; build an image from it "
+                        "(podman import) and use --image");
+    }
+    one(e.path().string());
+  }
 }
 
 }  // namespace
@@ -62,6 +74,13 @@ std::string mountShiftedRootfs(const std::string& dir, const std::string& id,
   std::error_code ec;
   const std::string lower = fs::canonical(dir, ec).string();
   if (ec) throw RunnerError("--rootfs " + dir + ": " + ec.message());
+  // The host's own root (or a symlink to it) would be copied up and re-owned file by file:
+  // never an agent's root file system.
+  if (lower == "/") {
+    throw RunnerError("--rootfs " + dir +
+                      ": is the host's root directory; give a directory "
+                      "holding the agent's own root file system");
+  }
   if (lower.find_first_of(",:\\") != std::string::npos) {
     throw RunnerError("--rootfs " + dir +
                       ": a path with ',', ':' or '\\' cannot be an overlay "

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <cerrno>
 #include <csignal>
@@ -359,15 +360,20 @@ int collectGarbage() {
       ++failures;
     }
   }
+  std::vector<std::string> skipped_roots;  // podman and microvm share one root: say it once
   for (const auto& name : {"host", "podman", "microvm"}) {
     // A tier's leftovers belong to the uid that owns its state root (root for podman and
     // microvm): another user can neither see nor remove them, so does not try.
     const std::string root = stateRoot(name);
     const uid_t owner = ownerOf(root);
     if (::geteuid() != 0 && owner != ::geteuid()) {
-      if (owner != static_cast<uid_t>(-1)) {
-        say(std::string("gc: skipping the ") + name + " tier: " + root + " belongs to uid " +
-            std::to_string(owner) + "; run gc as that user to reap it");
+      if (owner != static_cast<uid_t>(-1) &&
+          std::find(skipped_roots.begin(), skipped_roots.end(), root) == skipped_roots.end()) {
+        skipped_roots.push_back(root);
+        say("gc: skipping " + root +
+            (std::string_view(name) == "host" ? " (host-tier agents)"
+                                              : " (podman/microvm agents)") +
+            ": it belongs to uid " + std::to_string(owner) + "; run gc as that user to reap it");
       }
       continue;
     }

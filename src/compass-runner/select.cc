@@ -37,7 +37,7 @@ std::unique_ptr<Backend> selectBackend(const std::optional<std::string>& flag, c
   if (name == "apple-container") {
     throw RunnerError(source +
                       " apple-container: that backend is the macOS container runtime and needs "
-                      "macOS; on Linux use podman (the default), microvm or host");
+                      "macOS; on Linux use podman (the default) or host");
   }
   std::string valid;
   for (const auto& n : validBackendNames()) valid += (valid.empty() ? "" : ", ") + n;

@@ -147,6 +147,11 @@ std::string createStateDir(const std::string& root, const std::string& id) {
                         " is a symlink; refusing it (someone else may control where it "
                         "points). Set TMPDIR to a private directory");
     }
+    if (::lstat(root.c_str(), &lst) == 0 && lst.st_uid != ::geteuid()) {
+      throw RunnerError("state root " + root + " is owned by uid " + std::to_string(lst.st_uid) +
+                        ", not by this runner (uid " + std::to_string(::geteuid()) +
+                        "); that root is shared, so set TMPDIR to a private directory");
+    }
     throw RunnerError("state root " + root + ": " + errnoText(errno));
   }
   struct stat st {};

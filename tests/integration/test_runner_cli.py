@@ -175,6 +175,22 @@ def test_command_is_required():
     assert "CMD is required" in r.stderr
 
 
+def test_command_before_the_dashes_is_refused_not_half_parsed():
+    """Without `--`, the command's own flags would be read as the runner's (curl --memory)."""
+    r = cli("run", "--backend", "host", "curl", "--memory", "64m", "http://x.example/")
+    assert r.returncode == 2, r
+    assert "after `--`" in r.stderr and "curl" in r.stderr, r.stderr
+    r = cli("run", "--backend", "host", "curl", "--", "-V")
+    assert r.returncode == 2 and "came before it" in r.stderr, r.stderr
+
+
+def test_flags_after_the_dashes_belong_to_the_agent(tmp_nobody):  # noqa: F811
+    r = cli("run", "--backend", "host", "--", "sh", "-c", 'echo "$1"', "sh", "--memory",
+            as_nobody=True, env=runner_env(tmp_nobody))
+    assert r.returncode == 0, r
+    assert r.stdout.strip() == "--memory"
+
+
 def test_image_and_rootfs_exclude_each_other():
     r = cli("run", "--image", "x", "--rootfs", "/", "--", "true")
     assert r.returncode == 2

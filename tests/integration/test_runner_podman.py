@@ -425,6 +425,12 @@ def test_refuses_a_missing_image_and_a_rootfs_that_is_no_directory(image):
     with tempfile.NamedTemporaryFile() as f:
         r = run_agent("true", extra=("--rootfs", f.name))
         assert r.returncode == 2 and "not a directory" in r.stderr, r.stderr
+    # The host's own root would be re-owned file by file (and never finish): refused at once.
+    with tempfile.TemporaryDirectory() as d:
+        link = pathlib.Path(d) / "root-link"
+        link.symlink_to("/")
+        r = run_agent("true", extra=("--rootfs", str(link)))
+        assert r.returncode != 0 and "host's root directory" in r.stderr, r.stderr
 
 
 def test_refuses_when_containers_conf_enables_a_pasta_forward(image):
