@@ -17,6 +17,17 @@ extern "C" {
 #include "lwip/timeouts.h"
 }
 
+// lwipopts.h turns lwIP's TCP sanity checks off for the sake of one that only a 16-bit snd_buf
+// needs; these are the rest of them (lwIP's init.c), and the reason that one does not apply.
+static_assert(sizeof(tcpwnd_size_t) == 4, "TCP_MSS above 16383 needs LWIP_WND_SCALE");
+static_assert(TCP_SND_BUF >= 2 * TCP_MSS, "TCP_SND_BUF must hold two segments");
+static_assert(TCP_SND_QUEUELEN >= 2 * (TCP_SND_BUF / TCP_MSS), "TCP_SND_QUEUELEN too small");
+static_assert(TCP_SNDLOWAT < TCP_SND_BUF, "TCP_SNDLOWAT must be below TCP_SND_BUF");
+static_assert(TCP_SNDQUEUELOWAT < TCP_SND_QUEUELEN, "TCP_SNDQUEUELOWAT too large");
+static_assert(TCP_WND >= TCP_MSS, "TCP_WND must hold a segment");
+// A segment with its TCP header (and options) and an IPv6 header fits a pbuf's u16 length.
+static_assert(TCP_MSS + 20 + 40 + 40 <= 0xffff, "TCP_MSS too large for a pbuf");
+
 namespace netstack {
 namespace {
 
