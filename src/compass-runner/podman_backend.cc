@@ -92,6 +92,7 @@ class PodmanBackend final : public Backend {
                         (spec.image.empty() ? "; run `compass-runner image build` first"
                                             : " (no registry is reachable: build or import it)"));
     }
+    image_checked_ = image;
   }
 
   Started start(const AgentSpec& spec) override {
@@ -198,7 +199,10 @@ class PodmanBackend final : public Backend {
         }
       } else {
         image_ = spec.image.empty() ? image::kDefaultImage : spec.image;
-        if (!image::exists(image_)) {
+        // validate() has just asked podman (each `podman image exists` is a whole podman
+        // start, on the agent's path to exec); if the image went since, `podman run --pull
+        // never` fails and the steps made by then are undone, so nothing starts either way.
+        if (image_checked_ != image_ && !image::exists(image_)) {
           throw RunnerError("image " + image_ + " is missing" +
                             (spec.image.empty() ? "; run `compass-runner image build`"
                                                 : " (no registry is reachable: podman import it)"));
@@ -426,6 +430,7 @@ class PodmanBackend final : public Backend {
   std::string state_dir_;
   std::string conf_;
   std::string image_;
+  mutable std::string image_checked_;  // the image validate() found, so start() asks once
   std::string container_;
   std::string netns_;
   std::string metrics_addr_;
