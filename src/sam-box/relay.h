@@ -13,6 +13,7 @@
 #include <asio/awaitable.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/local/stream_protocol.hpp>
+#include <asio/redirect_error.hpp>
 #include <asio/socket_base.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -91,9 +92,21 @@ asio::awaitable<bool> spliceBothWays(A& a, B& b, uint64_t& a_to_b, uint64_t& b_t
   bool a_ended = false;
   bool b_ended = false;
   bool idled = false;
-  auto direction = [](auto& src, auto& dst, uint64_t& moved, bool& ended) -> asio::awaitable<void> {
-    co_await spliceOneWay(src, dst, moved);
-    ended = true;
+  bool failed = false;
+  // A direction that fails closes both sockets at once, which ends the other direction's wait,
+  // so that the pair completes and the watchdog is cancelled. (Were the error thrown out of
+  // the pair instead, `||` would wait for the watchdog: up to kTcpIdleTimeout.)
+  auto direction = [&](auto& src, auto& dst, uint64_t& moved,
+                       bool& ended) -> asio::awaitable<void> {
+    try {
+      co_await spliceOneWay(src, dst, moved);
+      ended = true;
+    } catch (const std::exception&) {
+      failed = true;
+      asio::error_code ignored;
+      a.close(ignored);
+      b.close(ignored);
+    }
   };
   auto watchdog = [&]() -> asio::awaitable<void> {
     asio::steady_timer timer(co_await asio::this_coro::executor);
@@ -101,7 +114,9 @@ asio::awaitable<bool> spliceBothWays(A& a, B& b, uint64_t& a_to_b, uint64_t& b_t
     auto last_activity = std::chrono::steady_clock::now();
     for (;;) {
       timer.expires_after(kIdleCheckInterval);
-      co_await timer.async_wait(asio::use_awaitable);
+      asio::error_code ec;
+      co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      if (ec) co_return;  // cancelled: both directions ended, or one failed
       const auto now = std::chrono::steady_clock::now();
       if (a_to_b + b_to_a != seen) {
         seen = a_to_b + b_to_a;
@@ -113,12 +128,7 @@ asio::awaitable<bool> spliceBothWays(A& a, B& b, uint64_t& a_to_b, uint64_t& b_t
     }
     idled = true;
   };
-  bool failed = false;
-  try {
-    co_await ((direction(a, b, a_to_b, a_ended) && direction(b, a, b_to_a, b_ended)) || watchdog());
-  } catch (const std::exception&) {
-    failed = true;
-  }
+  co_await ((direction(a, b, a_to_b, a_ended) && direction(b, a, b_to_a, b_ended)) || watchdog());
   if (failed || idled) {
     asio::error_code ignored;
     a.close(ignored);

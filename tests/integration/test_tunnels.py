@@ -538,6 +538,21 @@ def test_metrics_count_the_flows_made(sam_box, topo, sidecar):
 # Concurrency
 
 
+def test_flow_ends_at_once_when_a_peer_fails_mid_transfer(box):
+    # The agent leaves in the middle of an upload; the upstream answers anyway, and writing
+    # that answer to the agent fails (EPIPE). The flow must end then, not when the idle
+    # watchdog gives up on it minutes later.
+    mark = box.mark()
+    resp, c = box.tunnel("api.example.com:80", timeout=30)
+    assert_established(resp, "CONNECT api.example.com:80")
+    c.send(b"POST /sha256 HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n"
+           + os.urandom(1 << 20))
+    c.close()
+    box.wait_flow_log(since=mark, outcome="allowed", timeout=5)
+    wait_for(lambda: box.metrics().get("sam_box_flows_in_progress", route="external") == 0,
+             timeout=5, what="flows_in_progress back to 0")
+
+
 def test_200_concurrent_allowed_flows(box):
     n = 200
     barrier = threading.Barrier(n, timeout=30)
