@@ -64,6 +64,13 @@ void applyBundle(const std::string& path, AgentSpec& spec, std::vector<policy::A
   // parseBundle() accepted the text, so it is one YAML mapping; only the key is looked at.
   const YAML::Node doc = YAML::Load(text);
   if (doc.IsMap() && doc["egress"]) spec.egress_configured = true;
+  if (bundle.serves) {
+    // Serving needs sam-box's ingress wired to nano-init's --ingress-socket and a node that
+    // routes to it; the runner does not do that yet, and must not run as if it did.
+    throw RunnerError(quoted("--bundle", path) +
+                      ": serves: agents that serve are not supported by compass-runner yet "
+                      "(no ingress is wired to the sandbox); remove the serves section");
+  }
   spec.agent_id = bundle.agent_id;
   for (auto& rule : bundle.egress_allow) rules.push_back(std::move(rule));
   spec.bundle_path = std::filesystem::absolute(path).string();
@@ -163,7 +170,11 @@ uint64_t parseBytes(std::string_view flag, std::string_view text) {
   }
   uint64_t value = 0;
   const auto* end = digits.data() + digits.size();
-  if (!allDigits(digits) || std::from_chars(digits.data(), end, value).ptr != end) {
+  const auto [ptr, ec] = std::from_chars(digits.data(), end, value);
+  if (allDigits(digits) && ec == std::errc::result_out_of_range) {
+    throw RunnerError(quoted(flag, text) + ": more than the 1 TiB this runner accepts");
+  }
+  if (!allDigits(digits) || ec != std::errc() || ptr != end) {
     throw RunnerError(quoted(flag, text) +
                       ": expected a byte count, digits with an optional k, m or g suffix "
                       "(binary: 512m = 512 MiB)");
@@ -171,6 +182,10 @@ uint64_t parseBytes(std::string_view flag, std::string_view text) {
   if (value == 0) throw RunnerError(quoted(flag, text) + ": must be more than zero");
   if (value > (kMaxMemoryBytes >> shift)) {
     throw RunnerError(quoted(flag, text) + ": more than the 1 TiB this runner accepts");
+  }
+  if ((value << shift) < kMinMemoryBytes) {
+    throw RunnerError(quoted(flag, text) +
+                      ": less than the 6 MiB a container needs (runc's minimum)");
   }
   return value << shift;
 }

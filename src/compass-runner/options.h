@@ -26,6 +26,8 @@ namespace runner {
 
 /// Largest --memory accepted: 1 TiB (more is a typo, not a limit).
 inline constexpr uint64_t kMaxMemoryBytes = uint64_t{1} << 40;
+/// The least --memory accepted: runc refuses a smaller limit (6 MiB).
+inline constexpr uint64_t kMinMemoryBytes = uint64_t{6} << 20;
 /// Largest --pids accepted.
 inline constexpr uint64_t kMaxPids = 4194304;  // the kernel's PID_MAX_LIMIT on 64-bit
 

@@ -81,6 +81,11 @@ std::string mountShiftedRootfs(const std::string& dir, const std::string& id,
                       ": is the host's root directory; give a directory "
                       "holding the agent's own root file system");
   }
+  // The overlay's upper dir lives in the state dir: it cannot be inside its own lower layer.
+  if (state_dir.rfind(lower + "/", 0) == 0) {
+    throw RunnerError("--rootfs " + dir + ": holds the runner's own state (" + state_dir +
+                      "); give a directory holding only the agent's root file system");
+  }
   if (lower.find_first_of(",:\\") != std::string::npos) {
     throw RunnerError("--rootfs " + dir +
                       ": a path with ',', ':' or '\\' cannot be an overlay "

@@ -261,6 +261,14 @@ std::vector<AgentRecord> readRecords() {
   std::vector<std::string> roots = {stateRoot("host"), stateRoot("podman")};
   if (roots[0] == roots[1]) roots.pop_back();
   for (const auto& root : roots) {
+    // A root owned by someone else is theirs (a host-tier root another user's agents can
+    // write): its records are not this caller's agents, and reading them would let those
+    // agents plant roster entries.
+    struct stat root_st {};
+    if (::lstat(root.c_str(), &root_st) != 0 || !S_ISDIR(root_st.st_mode) ||
+        root_st.st_uid != ::geteuid()) {
+      continue;
+    }
     DIR* dir = ::opendir(root.c_str());
     if (dir == nullptr) continue;
     std::vector<std::string> ids;
@@ -275,6 +283,7 @@ std::vector<AgentRecord> readRecords() {
       // its claims about its id, directory or tier are not taken from the file.
       if (!rec || rec->id != id || (host_root && rec->tier != "host")) continue;
       rec->state_dir = root + "/" + id;
+      if (host_root) rec->metrics_addr.clear();  // the host tier has no sam-box to ask
       out.push_back(std::move(*rec));
     }
   }

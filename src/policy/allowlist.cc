@@ -16,12 +16,13 @@ uint16_t parseRulePort(std::string_view text) {
     throw AllowRuleError("port is not a decimal number");
   }
   if (text.front() == '0') {
-    throw AllowRuleError(text.size() == 1 ? "port out of range" : "port has leading zeros");
+    throw AllowRuleError(text.size() == 1 ? "port out of range (1..65535)"
+                                          : "port has leading zeros");
   }
   unsigned value = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || end != text.data() + text.size() || value > 65535) {
-    throw AllowRuleError("port out of range");
+    throw AllowRuleError("port out of range (1..65535)");
   }
   return static_cast<uint16_t>(value);
 }
@@ -43,8 +44,15 @@ AllowRule parseAllowRule(std::string_view entry) {
         "a URL is not an allowlist entry: give the host name, e.g. "
         "\"api.github.com\" or \"api.github.com:443\"");
   }
-  if (entry.find('/') != std::string_view::npos) {
-    throw AllowRuleError("CIDR not allowed: the allowlist holds names only");
+  if (const size_t slash = entry.find('/'); slash != std::string_view::npos) {
+    const std::string_view after = entry.substr(slash + 1);
+    if (!after.empty() &&
+        std::all_of(after.begin(), after.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      throw AllowRuleError("CIDR not allowed: the allowlist holds names only");
+    }
+    throw AllowRuleError(
+        "a path is not an allowlist entry: give the host name only, e.g. \"pypi.org\" or "
+        "\"pypi.org:443\"");
   }
   if (entry.front() == '[' || std::count(entry.begin(), entry.end(), ':') > 1 ||
       isIpLiteral(entry)) {

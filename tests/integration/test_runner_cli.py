@@ -205,6 +205,15 @@ def test_bad_bundle_is_refused_with_its_field(tmp_path):
     assert "--bundle" in r.stderr and "egress.allow[0]" in r.stderr
 
 
+def test_bundle_that_serves_is_refused_not_ignored(tmp_path):
+    b = tmp_path / "b.yaml"
+    b.write_text("version: v1\nagent:\n  id: a.example\nserves:\n  name: a\n  port: 8080\n")
+    for backend in ("host", "podman"):
+        r = cli("run", "--backend", backend, "--bundle", str(b), "--", "true")
+        assert r.returncode == 2, r
+        assert "serves" in r.stderr, r.stderr
+
+
 def test_resize_needs_a_limit_and_stop_needs_an_id():
     r = cli("resize", "a0000000000")
     assert r.returncode == 2

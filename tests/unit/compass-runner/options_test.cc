@@ -180,13 +180,26 @@ TEST(RunOptionsTest, Limits) {
 }
 
 TEST(ParseBytesTest, SuffixesAreBinary) {
-  EXPECT_EQ(parseBytes("--memory", "1"), 1U);
-  EXPECT_EQ(parseBytes("--memory", "4096"), 4096U);
-  EXPECT_EQ(parseBytes("--memory", "2k"), 2048U);
-  EXPECT_EQ(parseBytes("--memory", "2K"), 2048U);
-  EXPECT_EQ(parseBytes("--memory", "3m"), uint64_t{3} << 20);
+  EXPECT_EQ(parseBytes("--memory", "6291456"), kMinMemoryBytes);
+  EXPECT_EQ(parseBytes("--memory", "8192k"), uint64_t{8} << 20);
+  EXPECT_EQ(parseBytes("--memory", "8192K"), uint64_t{8} << 20);
+  EXPECT_EQ(parseBytes("--memory", "7m"), uint64_t{7} << 20);
   EXPECT_EQ(parseBytes("--memory", "1G"), uint64_t{1} << 30);
   EXPECT_EQ(parseBytes("--memory", "1024g"), kMaxMemoryBytes);
+}
+
+TEST(ParseBytesTest, ReasonsSayWhatIsWrong) {
+  auto why = [](const char* text) {
+    try {
+      parseBytes("--memory", text);
+    } catch (const RunnerError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(why("18446744073709551616").find("1 TiB"), std::string::npos);
+  EXPECT_NE(why("1k").find("6 MiB"), std::string::npos);
+  EXPECT_NE(why("5m").find("6 MiB"), std::string::npos);
 }
 
 TEST(ParseBytesTest, BadValuesAreRefusedNamingTheFlag) {

@@ -89,8 +89,11 @@ TEST(ParseAllowRule, RefusesBadNamesAndPorts) {
             "non-ASCII byte (IDN must be punycode)");
   EXPECT_EQ(refusal(std::string(64, 'a') + ".com"), "label longer than 63 bytes");
   EXPECT_EQ(refusal("a.com:"), "empty port");
-  EXPECT_EQ(refusal("a.com:0"), "port out of range");
-  EXPECT_EQ(refusal("a.com:70000"), "port out of range");
+  EXPECT_EQ(refusal("a.com:0"), "port out of range (1..65535)");
+  EXPECT_EQ(refusal("a.com:70000"), "port out of range (1..65535)");
+  EXPECT_EQ(refusal("pypi.org/"),
+            "a path is not an allowlist entry: give the host name only, "
+            "e.g. \"pypi.org\" or \"pypi.org:443\"");
   EXPECT_EQ(refusal("a.com:-1"), "port is not a decimal number");
   EXPECT_EQ(refusal("a.com:+443"), "port is not a decimal number");
   EXPECT_EQ(refusal("a.com:443x"), "port is not a decimal number");
