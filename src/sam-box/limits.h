@@ -14,7 +14,12 @@ inline constexpr std::chrono::milliseconds kHeadReadTimeout{10'000};
 /// Time allowed to resolve and connect upstream; then 504 connect-timeout.
 inline constexpr std::chrono::milliseconds kConnectTimeout{10'000};
 /// Name lookups that may run at once (each holds one thread while getaddrinfo(3) blocks).
+/// Threads start as lookups need them.
 inline constexpr size_t kResolverThreads = 8;
+/// How long a name's answer is reused by later flows (each still judged address by address).
+inline constexpr std::chrono::milliseconds kResolveCacheTtl{5'000};
+/// Most names whose answers are kept (a wildcard rule allows unboundedly many names).
+inline constexpr size_t kResolveCacheEntries = 1024;
 /// A TCP flow with no byte either way for this long is closed.
 inline constexpr std::chrono::milliseconds kTcpIdleTimeout{30 * 60 * 1000};
 /// Once one side of a TCP flow has ended, the other side may stay silent this long.

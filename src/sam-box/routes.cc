@@ -10,6 +10,7 @@
 #include "sam-box/relay.h"
 #include "sam-box/server_internal.h"
 
+#include <sys/socket.h>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/ip/udp.hpp>
 #include <asio/redirect_error.hpp>
@@ -74,6 +75,40 @@ asio::awaitable<std::vector<asio::ip::address>> Server::resolveOrRefuse(
   co_return addresses;
 }
 
+asio::awaitable<asio::error_code> Server::connectUpstream(TcpSocket& upstream,
+                                                          const asio::ip::tcp::endpoint& ep,
+                                                          asio::steady_timer& deadline,
+                                                          bool* timed_out) {
+  asio::error_code ec;
+  upstream.open(ep.protocol(), ec);
+  if (!ec) upstream.native_non_blocking(true, ec);
+  if (ec) co_return ec;
+  const int fd = upstream.native_handle();
+  // A second connect(2) reports how the first one went without waiting: 0 once the handshake
+  // is done (on loopback or a near host it is, by the time the first call returns), EALREADY
+  // while it is still on its way. Only then is the reactor, and the deadline, needed.
+  int rc = ::connect(fd, ep.data(), static_cast<socklen_t>(ep.size()));
+  if (rc != 0 && errno == EINPROGRESS)
+    rc = ::connect(fd, ep.data(), static_cast<socklen_t>(ep.size()));
+  if (rc == 0 || errno == EISCONN) co_return asio::error_code();
+  if (errno != EALREADY && errno != EINPROGRESS) {
+    co_return asio::error_code(errno, asio::system_category());
+  }
+  asio::error_code timer_ec;
+  auto result = co_await (
+      upstream.async_wait(asio::socket_base::wait_write, asio::redirect_error(use_awaitable, ec)) ||
+      deadline.async_wait(asio::redirect_error(use_awaitable, timer_ec)));
+  if (result.index() == 1) {
+    *timed_out = true;
+    co_return asio::error::timed_out;
+  }
+  if (ec) co_return ec;
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+  co_return err == 0 ? asio::error_code() : asio::error_code(err, asio::system_category());
+}
+
 asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
   const auto deadline = asio::steady_timer::clock_type::now() + kConnectTimeout;
   const auto addresses = co_await resolveOrRefuse(agent, flow, deadline);
@@ -84,19 +119,13 @@ asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
   bool timed_out = false;
   for (const auto& addr : addresses) {
     const asio::ip::tcp::endpoint ep(addr, flow.record.decision.port);
-    asio::error_code ec;
     upstream = TcpSocket(io_);
-    auto result = co_await (upstream.async_connect(ep, asio::redirect_error(use_awaitable, ec)) ||
-                            connect_deadline.async_wait(use_awaitable));
-    if (result.index() == 1) {
-      timed_out = true;
-      break;
-    }
-    if (!ec) {
+    if (!co_await connectUpstream(upstream, ep, connect_deadline, &timed_out)) {
       connected = true;
       flow.record.address = ep.address().to_string();
       break;
     }
+    if (timed_out) break;
   }
   if (!connected) {
     if (timed_out) metrics_.limitHit(kLimitConnectTimeout);
@@ -191,7 +220,9 @@ asio::awaitable<void> Server::externalUdp(UnixSocket& agent, Flow& flow) {
     asio::steady_timer timer(io_);
     for (;;) {
       timer.expires_at(last_activity + kUdpIdleTimeout);
-      co_await timer.async_wait(use_awaitable);
+      asio::error_code ec;
+      co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
+      if (ec) co_return;  // cancelled: the flow ended another way
       if (std::chrono::steady_clock::now() >= last_activity + kUdpIdleTimeout) {
         metrics_.limitHit(kLimitUdpIdleTimeout);
         co_return;

@@ -72,7 +72,9 @@ std::unique_ptr<asio::ip::tcp::acceptor> bindTcpListener(asio::io_context& io,
 }  // namespace
 
 Server::Server(asio::io_context& io, const Config& config)
-    : io_(io), config_(config), resolver_(io, kResolverThreads) {}
+    : io_(io),
+      config_(config),
+      resolver_(io, kResolverThreads, kResolveCacheTtl, kResolveCacheEntries) {}
 
 void Server::start() {
   if (config_.metrics) metrics_acceptor_ = bindTcpListener(io_, "--metrics-addr", *config_.metrics);
@@ -128,6 +130,58 @@ asio::awaitable<void> Server::refuse(UnixSocket& agent, Flow& flow, int status, 
   finishFlow(flow.record, metrics_);
 }
 
+asio::awaitable<Server::Head> Server::readHead(UnixSocket& agent) {
+  // Its own coroutine, so that the parser and the read buffer are freed once the head is
+  // read instead of living as long as the flow.
+  Head head;
+  proto::TunnelRequestParser parser;
+  std::array<char, kReadBufferBytes> buf;  // NOLINT(cppcoreguidelines-pro-type-member-init)
+  using Status = proto::TunnelRequestParser::Status;
+  auto status = Status::kNeedMore;
+  size_t last_read = 0;
+  // The client writes its request right after connecting, so it is usually here already:
+  // read it without arming the head timer at all.
+  asio::error_code ec;
+  agent.non_blocking(true, ec);
+  if (!ec) last_read = agent.read_some(asio::buffer(buf), ec);
+  if (!ec) {
+    status = parser.feed(std::string_view(buf.data(), last_read));
+  } else if (ec != asio::error::would_block && ec != asio::error::try_again) {
+    head.closed = true;
+    co_return head;
+  }
+  if (status == Status::kNeedMore) {
+    asio::steady_timer deadline(io_, kHeadReadTimeout);
+    while (status == Status::kNeedMore) {
+      asio::error_code timer_ec;
+      auto result = co_await (
+          agent.async_read_some(asio::buffer(buf), asio::redirect_error(use_awaitable, ec)) ||
+          deadline.async_wait(asio::redirect_error(use_awaitable, timer_ec)));
+      if (result.index() == 1) {
+        head.timed_out = true;
+        co_return head;
+      }
+      if (ec) {
+        common::log::debug("agent closed before a complete request head",
+                           {{"error", ec.message()}});
+        head.closed = true;
+        co_return head;
+      }
+      last_read = std::get<0>(result);
+      status = parser.feed(std::string_view(buf.data(), last_read));
+    }
+  }
+  head.status = status;
+  if (status == Status::kComplete) {
+    head.kind = parser.request().kind;
+    head.authority = parser.request().authority;
+    head.early_data.assign(buf.data() + parser.consumed(), last_read - parser.consumed());
+  } else if (status == Status::kMalformed) {
+    head.error = parser.error();
+  }
+  co_return head;
+}
+
 asio::awaitable<void> Server::serveTunnel(UnixSocket agent) {
   Flow flow;
   flow.record.agent = config_.agentId();
@@ -142,54 +196,38 @@ asio::awaitable<void> Server::serveTunnel(UnixSocket agent) {
     ~Release() { --n; }
   } release{active_flows_};
 
-  proto::TunnelRequestParser parser;
-  std::array<char, kReadBufferBytes> buf{};
-  asio::steady_timer deadline(io_, kHeadReadTimeout);
-  auto status = proto::TunnelRequestParser::Status::kNeedMore;
-  size_t last_read = 0;
-  while (status == proto::TunnelRequestParser::Status::kNeedMore) {
-    asio::error_code ec;
-    auto result = co_await (
-        agent.async_read_some(asio::buffer(buf), asio::redirect_error(use_awaitable, ec)) ||
-        deadline.async_wait(use_awaitable));
-    if (result.index() == 1) {
-      metrics_.limitHit(kLimitHeadReadTimeout);
-      co_await refuse(agent, flow, 408, kReasonHeaderTimeout, false);
-      co_return;
-    }
-    if (ec) {
-      common::log::debug("agent closed before a complete request head", {{"error", ec.message()}});
-      co_return;
-    }
-    last_read = std::get<0>(result);
-    status = parser.feed(std::string_view(buf.data(), last_read));
+  Head head = co_await readHead(agent);
+  if (head.closed) co_return;
+  if (head.timed_out) {
+    metrics_.limitHit(kLimitHeadReadTimeout);
+    co_await refuse(agent, flow, 408, kReasonHeaderTimeout, false);
+    co_return;
   }
-
   using Status = proto::TunnelRequestParser::Status;
-  if (status == Status::kTooLarge) {
+  if (head.status == Status::kTooLarge) {
     metrics_.limitHit(kLimitMaxHeaderBytes);
     co_await refuse(agent, flow, 431, kReasonHeaderTooLarge, false);
     co_return;
   }
-  if (status == Status::kMalformed) {
-    flow.record.detail = parser.error();
+  if (head.status == Status::kMalformed) {
+    flow.record.detail = std::move(head.error);
     co_await refuse(agent, flow, 400, kReasonMalformed, false);
     co_return;
   }
-  if (status == Status::kMethodNotAllowed) {
+  if (head.status == Status::kMethodNotAllowed) {
     co_await refuse(agent, flow, 405, kReasonMethodNotAllowed, false);
     co_return;
   }
 
-  flow.kind = parser.request().kind;
+  flow.kind = head.kind;
   flow.record.kind = flow.kind == proto::TunnelKind::kConnectUdp ? "udp" : "tcp";
-  flow.record.decision = classify(config_, flow.kind, parser.request().authority);
+  flow.record.decision = classify(config_, flow.kind, head.authority);
   if (!flow.record.decision.allowed) {
     co_await refuse(agent, flow, flow.record.decision.status, flow.record.decision.reason.c_str(),
                     false);
     co_return;
   }
-  flow.early_data.assign(buf.data() + parser.consumed(), last_read - parser.consumed());
+  flow.early_data = std::move(head.early_data);
   if (flow.record.decision.route == Route::kMeshEntrypoint) {
     co_await meshEntrypoint(agent, flow);
   } else if (flow.kind == proto::TunnelKind::kConnectUdp) {
@@ -213,10 +251,11 @@ asio::awaitable<void> Server::serveMetrics(TcpSocket client) {
   std::string head;
   asio::error_code ec;
   asio::steady_timer deadline(io_, kHeadReadTimeout);
+  asio::error_code timer_ec;
   auto result =
       co_await (asio::async_read_until(client, asio::dynamic_buffer(head, 8192), "\r\n\r\n",
                                        asio::redirect_error(use_awaitable, ec)) ||
-                deadline.async_wait(use_awaitable));
+                deadline.async_wait(asio::redirect_error(use_awaitable, timer_ec)));
   if (result.index() == 1 || ec) co_return;
   std::string response;
   if (head.rfind("GET /metrics ", 0) == 0 || head.rfind("GET /metrics?", 0) == 0) {

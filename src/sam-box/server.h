@@ -46,6 +46,17 @@ class Server {
   asio::awaitable<void> acceptTunnels();
   asio::awaitable<void> acceptMetrics();
   asio::awaitable<void> acceptIngress();
+  /// A tunnel request head as read from the agent.
+  struct Head {
+    bool closed = false;     ///< the agent went away (or errored) before a complete head
+    bool timed_out = false;  ///< kHeadReadTimeout passed first
+    proto::TunnelRequestParser::Status status = proto::TunnelRequestParser::Status::kNeedMore;
+    proto::TunnelKind kind = proto::TunnelKind::kConnectTcp;
+    std::string authority;
+    std::string early_data;  ///< bytes after the head, in the same read
+    std::string error;       ///< the parser's reason for a malformed head
+  };
+  asio::awaitable<Head> readHead(UnixSocket& agent);
   asio::awaitable<void> serveTunnel(UnixSocket agent);
   asio::awaitable<void> serveMetrics(TcpSocket client);
   asio::awaitable<void> serveIngress(TcpSocket client);
@@ -61,6 +72,10 @@ class Server {
   /// and records the flow, then returns an empty list.
   asio::awaitable<std::vector<asio::ip::address>> resolveOrRefuse(
       UnixSocket& agent, Flow& flow, asio::steady_timer::time_point deadline);
+  /// Opens `upstream` and connects it to `ep` by `deadline` (then `*timed_out` is set).
+  asio::awaitable<asio::error_code> connectUpstream(TcpSocket& upstream,
+                                                    const asio::ip::tcp::endpoint& ep,
+                                                    asio::steady_timer& deadline, bool* timed_out);
   asio::awaitable<void> externalTcp(UnixSocket& agent, Flow& flow);
   asio::awaitable<void> externalUdp(UnixSocket& agent, Flow& flow);
   asio::awaitable<void> meshEntrypoint(UnixSocket& agent, Flow& flow);

@@ -221,11 +221,14 @@ FORBIDDEN = ["loopback.example.com", "loopback6.example.com", "metadata.example.
 
 @pytest.mark.parametrize("name", FORBIDDEN)
 def test_allowed_name_resolving_to_forbidden_space_is_refused(box, name):
-    mark = box.mark()
-    resp = box.refused(f"{name}:80")
-    assert resp.status == 403 and resp.reason == "forbidden-address", resp
-    log = box.wait_flow_log(since=mark, outcome="denied")
-    assert log["reason"] == "forbidden-address", log
+    # Twice: the second flow gets the name's answer from sam-box's resolve cache, and every
+    # address of it is judged again.
+    for attempt in range(2):
+        mark = box.mark()
+        resp = box.refused(f"{name}:80")
+        assert resp.status == 403 and resp.reason == "forbidden-address", (attempt, resp)
+        log = box.wait_flow_log(since=mark, outcome="denied")
+        assert log["reason"] == "forbidden-address", (attempt, log)
 
 
 class _MarkerHandler(http.server.BaseHTTPRequestHandler):
