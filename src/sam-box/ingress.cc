@@ -75,7 +75,8 @@ asio::awaitable<void> Server::serveIngress(TcpSocket client) {
   }
   uint64_t in = 0;
   uint64_t out = 0;
-  if (co_await spliceBothWays(client, agent, in, out)) metrics_.limitHit(kLimitTcpIdleTimeout);
+  if (co_await spliceBothWays(client, agent, in, out, pipes_))
+    metrics_.limitHit(kLimitTcpIdleTimeout);
   common::log::info("ingress", {{"service", serves.name}, {"bytes_in", in}, {"bytes_out", out}});
 }
 

@@ -30,13 +30,18 @@ inline constexpr std::chrono::milliseconds kIdleCheckInterval{5'000};
 inline constexpr std::chrono::milliseconds kUdpIdleTimeout{60'000};
 /// Pause after a failed accept(2) (e.g. EMFILE) before accepting again.
 inline constexpr std::chrono::milliseconds kAcceptBackoff{50};
-/// File descriptors a flow may hold: two sockets and two pipes (one per relay direction).
+/// File descriptors a flow may hold: two sockets and two pipes (one per relay direction,
+/// held only while bytes are in flight).
 inline constexpr size_t kFdsPerFlow = 6;
-/// Bytes moved per splice(2) call from a TCP socket (the default pipe size).
-inline constexpr size_t kSpliceChunkBytes = size_t{64} * 1024;
-/// Bytes moved per splice(2) call from a Unix socket, and the pipe size asked for then
-/// (fs.pipe-max-size is 1 MiB by default).
-inline constexpr size_t kSpliceChunkFromUnixBytes = size_t{1024} * 1024;
+/// Size of the relay pipes, and bytes moved per splice(2) call. Larger steps mean fewer
+/// calls and wake-ups per byte, but past about this size the bytes have left the CPU cache
+/// before the reader copies them (measured: docs/sam-box.md). A pipe is held only while its
+/// bytes are in flight.
+inline constexpr size_t kRelayPipeBytes = size_t{256} * 1024;
+/// Empty relay pipes kept for reuse by later flows. Few: for a non-root sam-box the kernel
+/// counts each pipe's full size against fs.pipe-user-pages-soft (64 MiB) whether it is used
+/// or not.
+inline constexpr size_t kRelayIdlePipes = 8;
 /// Read buffer of the userspace copies (mesh requests, capsules, request heads).
 inline constexpr size_t kReadBufferBytes = size_t{16} * 1024;
 /// Longest credential token file read, in bytes.

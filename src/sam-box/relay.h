@@ -4,6 +4,11 @@
 // what keeps throughput near a direct connection). Works for any pair of Asio stream sockets
 // (TCP or Unix); each direction ends with shutdown(SHUT_WR) of its destination on EOF, so
 // half-close is carried through.
+//
+// Pipes come from a PipePool: a direction holds one only while bytes are in flight and gives
+// it back, empty, whenever it waits for its source. So an idle flow holds two sockets and no
+// pipe, a flow's set-up costs no pipe2(2), and the number of (large) pipes is bounded by the
+// flows moving data at that instant rather than by the flows open.
 
 #include "common/unique_fd.h"
 #include "sam-box/limits.h"
@@ -12,7 +17,6 @@
 #include <sys/socket.h>
 #include <asio/awaitable.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
-#include <asio/local/stream_protocol.hpp>
 #include <asio/redirect_error.hpp>
 #include <asio/socket_base.hpp>
 #include <asio/steady_timer.hpp>
@@ -23,38 +27,57 @@
 #include <chrono>
 #include <cstdint>
 #include <system_error>
-#include <type_traits>
+#include <vector>
 
 namespace sambox {
 
-/// Creates a non-blocking close-on-exec pipe. Throws std::system_error (pipe2(2)).
-void makePipe(common::UniqueFd* read_end, common::UniqueFd* write_end);
+/// Empty pipes for the relays, reused across flows. Single-threaded (the io_context thread).
+class PipePool {
+ public:
+  /// A pipe's two ends; empty when both are -1.
+  struct Pipe {
+    common::UniqueFd read_end;
+    common::UniqueFd write_end;
+    [[nodiscard]] bool valid() const { return read_end.valid(); }
+  };
+
+  /// `pipe_bytes`: the size asked for with F_SETPIPE_SZ (best effort: past the user's
+  /// fs.pipe-user-pages-soft budget the kernel's default stays). `max_idle`: most empty pipes
+  /// kept for reuse; more are closed.
+  PipePool(size_t pipe_bytes, size_t max_idle) : pipe_bytes_(pipe_bytes), max_idle_(max_idle) {}
+
+  /// An empty pipe, reused or new. Throws std::system_error (pipe2(2)).
+  Pipe acquire();
+  /// Takes back a pipe. The caller guarantees it is empty: every byte spliced into it was
+  /// spliced out. A pipe that may hold bytes must be destroyed instead, never released.
+  void release(Pipe pipe);
+  /// Bytes moved per splice(2) call.
+  [[nodiscard]] size_t chunkBytes() const { return pipe_bytes_; }
+  [[nodiscard]] size_t idle() const { return idle_.size(); }
+
+ private:
+  size_t pipe_bytes_;
+  size_t max_idle_;
+  std::vector<Pipe> idle_;
+};
 
 /// Moves bytes from `src` to `dst` until EOF on `src`, then shuts down writing on `dst`.
 /// `moved` is incremented by each byte delivered to `dst` as it goes (bytes).
 /// Throws asio::system_error on a socket error (e.g. ECONNRESET); the caller closes both.
 template <typename Src, typename Dst>
-asio::awaitable<void> spliceOneWay(Src& src, Dst& dst, uint64_t& moved) {
-  common::UniqueFd pipe_r;
-  common::UniqueFd pipe_w;
-  makePipe(&pipe_r, &pipe_w);
-  // Reading a Unix socket into a pipe copies (unix_stream_splice_read), so moving from the
-  // sandbox side is cheaper in large steps; from TCP, skbs are referenced and the default
-  // 64 KiB keeps the agent's reads small. Best effort: past the user's pipe-page budget
-  // (fs.pipe-user-pages-soft) the default size simply stays.
-  constexpr bool kFromUnix = std::is_same_v<Src, asio::local::stream_protocol::socket>;
-  const size_t chunk = kFromUnix ? kSpliceChunkFromUnixBytes : kSpliceChunkBytes;
-  if constexpr (kFromUnix) {
-    (void)::fcntl(pipe_w.get(), F_SETPIPE_SZ, static_cast<int>(chunk));
-  }
-  src.native_non_blocking(true);
-  dst.native_non_blocking(true);
+asio::awaitable<void> spliceOneWay(Src& src, Dst& dst, uint64_t& moved, PipePool& pool) {
+  // Sockets the server already made non-blocking (all of them, normally) cost no ioctl here.
+  if (!src.native_non_blocking()) src.native_non_blocking(true);
+  if (!dst.native_non_blocking()) dst.native_non_blocking(true);
+  PipePool::Pipe pipe;
   for (;;) {
-    const ssize_t in = ::splice(src.native_handle(), nullptr, pipe_w.get(), nullptr, chunk,
-                                SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    if (!pipe.valid()) pipe = pool.acquire();
+    const ssize_t in = ::splice(src.native_handle(), nullptr, pipe.write_end.get(), nullptr,
+                                pool.chunkBytes(), SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
     if (in == 0) break;
     if (in < 0) {
       if (errno == EAGAIN || errno == EINTR) {
+        pool.release(std::move(pipe));  // empty: every byte in it went out
         co_await src.async_wait(asio::socket_base::wait_read, asio::use_awaitable);
         continue;
       }
@@ -62,8 +85,8 @@ asio::awaitable<void> spliceOneWay(Src& src, Dst& dst, uint64_t& moved) {
     }
     size_t pending = static_cast<size_t>(in);
     while (pending > 0) {
-      const ssize_t out = ::splice(pipe_r.get(), nullptr, dst.native_handle(), nullptr, pending,
-                                   SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+      const ssize_t out = ::splice(pipe.read_end.get(), nullptr, dst.native_handle(), nullptr,
+                                   pending, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
       if (out < 0) {
         if (errno == EAGAIN || errno == EINTR) {
           co_await dst.async_wait(asio::socket_base::wait_write, asio::use_awaitable);
@@ -75,6 +98,7 @@ asio::awaitable<void> spliceOneWay(Src& src, Dst& dst, uint64_t& moved) {
       moved += static_cast<uint64_t>(out);
     }
   }
+  pool.release(std::move(pipe));
   asio::error_code ignored;
   dst.shutdown(asio::socket_base::shutdown_send, ignored);
 }
@@ -86,7 +110,8 @@ asio::awaitable<void> spliceOneWay(Src& src, Dst& dst, uint64_t& moved) {
 /// ordinary end of a flow. `a_to_b` and `b_to_a` count bytes delivered. Returns true if the
 /// flow was ended for idling.
 template <typename A, typename B>
-asio::awaitable<bool> spliceBothWays(A& a, B& b, uint64_t& a_to_b, uint64_t& b_to_a) {
+asio::awaitable<bool> spliceBothWays(A& a, B& b, uint64_t& a_to_b, uint64_t& b_to_a,
+                                     PipePool& pool) {
   using asio::experimental::awaitable_operators::operator&&;
   using asio::experimental::awaitable_operators::operator||;
   bool a_ended = false;
@@ -99,7 +124,7 @@ asio::awaitable<bool> spliceBothWays(A& a, B& b, uint64_t& a_to_b, uint64_t& b_t
   auto direction = [&](auto& src, auto& dst, uint64_t& moved,
                        bool& ended) -> asio::awaitable<void> {
     try {
-      co_await spliceOneWay(src, dst, moved);
+      co_await spliceOneWay(src, dst, moved, pool);
       ended = true;
     } catch (const std::exception&) {
       failed = true;

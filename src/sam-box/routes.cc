@@ -146,7 +146,8 @@ asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
   flow.record.outcome = "allowed";
   if (!ec) {
     InProgress guard(metrics_, routeLabel(flow.record.decision.route));
-    if (co_await spliceBothWays(agent, upstream, flow.record.bytes_up, flow.record.bytes_down)) {
+    if (co_await spliceBothWays(agent, upstream, flow.record.bytes_up, flow.record.bytes_down,
+                                pipes_)) {
       metrics_.limitHit(kLimitTcpIdleTimeout);
     }
   }
@@ -290,7 +291,7 @@ asio::awaitable<void> Server::meshEntrypoint(UnixSocket& agent, Flow& flow) {
     }
   };
   try {
-    co_await (toNode() && spliceOneWay(node, agent, flow.record.bytes_down));
+    co_await (toNode() && spliceOneWay(node, agent, flow.record.bytes_down, pipes_));
   } catch (const std::exception&) {
     asio::error_code ignored;
     agent.close(ignored);

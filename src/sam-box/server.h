@@ -7,6 +7,7 @@
 #include "sam-box/local_addresses.h"
 #include "sam-box/metrics.h"
 #include "sam-box/options.h"
+#include "sam-box/relay.h"
 #include "sam-box/resolver.h"
 
 #include <asio/awaitable.hpp>
@@ -88,6 +89,7 @@ class Server {
   Metrics metrics_;
   Resolver resolver_;
   LocalAddresses local_addresses_;
+  PipePool pipes_{kRelayPipeBytes, kRelayIdlePipes};
   size_t active_flows_ = 0;
   std::unique_ptr<asio::local::stream_protocol::acceptor> tunnel_acceptor_;
   std::unique_ptr<asio::ip::tcp::acceptor> metrics_acceptor_;

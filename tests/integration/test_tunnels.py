@@ -556,6 +556,38 @@ def test_flow_ends_at_once_when_a_peer_fails_mid_transfer(box):
              timeout=5, what="flows_in_progress back to 0")
 
 
+def test_relay_pipes_carry_no_byte_from_one_flow_into_another(box):
+    # Relay pipes are reused across flows (relay.h). Uploads that run at once, next to flows
+    # whose agent leaves in the middle of an upload (their relay fails with bytes possibly
+    # in flight), must each arrive byte for byte; then a second round runs on the pipes the
+    # first one left.
+    def upload(i):
+        payload = os.urandom((2 << 20) + i * 4099)
+        resp, c = box.tunnel("api.example.com:80", timeout=30)
+        assert_established(resp, f"upload {i}")
+        c.send(f"POST /sha256 HTTP/1.1\r\nHost: x\r\nContent-Length: {len(payload)}\r\n"
+               "Connection: close\r\n\r\n".encode() + payload)
+        r, body = c.read_http_response()
+        c.close()
+        assert body.strip().decode() == hashlib.sha256(payload).hexdigest(), f"upload {i}"
+
+    def leave_midway(i):
+        resp, c = box.tunnel("api.example.com:80", timeout=30)
+        assert_established(resp, f"leave {i}")
+        c.send(b"POST /sha256 HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n"
+               + os.urandom(1 << 20))
+        c.close()
+
+    for _ in range(2):
+        with concurrent.futures.ThreadPoolExecutor(max_workers=12) as pool:
+            jobs = [pool.submit(upload, i) for i in range(8)]
+            jobs += [pool.submit(leave_midway, i) for i in range(4)]
+            for j in jobs:
+                j.result()
+    wait_for(lambda: box.metrics().get("sam_box_flows_in_progress", route="external") == 0,
+             what="flows_in_progress back to 0")
+
+
 def test_200_concurrent_allowed_flows(box):
     n = 200
     barrier = threading.Barrier(n, timeout=30)
