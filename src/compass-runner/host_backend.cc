@@ -20,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "common/unique_fd.h"
@@ -49,12 +50,12 @@ std::string egressRefusal(std::string_view what) {
 
 int killAgentProcesses(const std::string& id, uid_t uid) {
   const std::string needle = std::string(kAgentIdEnv) + "=" + id;
-  int killed = 0;
+  std::set<long> killed;  // a process may still be listed, dying, in the next round
   // A process may fork while we look; a few rounds catch what it made meanwhile.
   for (int round = 0; round < 10; ++round) {
     int found = 0;
     DIR* proc = ::opendir("/proc");
-    if (proc == nullptr) return killed;
+    if (proc == nullptr) return static_cast<int>(killed.size());
     while (const dirent* e = ::readdir(proc)) {
       char* end = nullptr;
       const long pid = std::strtol(e->d_name, &end, 10);
@@ -77,15 +78,14 @@ int killAgentProcesses(const std::string& id, uid_t uid) {
       }
       // A zombie (start time 0) is already dead: its parent reaps it; not counted again.
       if (match && processStartTime(static_cast<pid_t>(pid)) != 0 &&
-          ::kill(static_cast<pid_t>(pid), SIGKILL) == 0) {
+          ::kill(static_cast<pid_t>(pid), SIGKILL) == 0 && killed.insert(pid).second) {
         ++found;
       }
     }
     ::closedir(proc);
-    killed += found;
     if (found == 0) break;
   }
-  return killed;
+  return static_cast<int>(killed.size());
 }
 
 }  // namespace host
