@@ -34,10 +34,14 @@ inline constexpr std::chrono::milliseconds kAcceptBackoff{50};
 /// held only while bytes are in flight).
 inline constexpr size_t kFdsPerFlow = 6;
 /// Size of the relay pipes, and bytes moved per splice(2) call. Larger steps mean fewer
-/// calls and wake-ups per byte, but past about this size the bytes have left the CPU cache
-/// before the reader copies them (measured: docs/sam-box.md). A pipe is held only while its
-/// bytes are in flight.
+/// calls and wake-ups per byte than the default 64 KiB; 1 MiB measured no better than this
+/// (docs/sam-box.md) and pins four times the memory per direction in flight. A pipe is held
+/// only while its bytes are in flight.
 inline constexpr size_t kRelayPipeBytes = size_t{256} * 1024;
+/// SO_SNDBUF asked for on the agent's side of an external TCP flow (the kernel doubles it,
+/// after capping it at net.core.wmem_max). Measured: halves sam-box's CPU per GiB sent to
+/// the agent. Memory only while bytes wait for the agent to read them.
+inline constexpr int kAgentSendBufferBytes = 1024 * 1024;
 /// Empty relay pipes kept for reuse by later flows. Few: for a non-root sam-box the kernel
 /// counts each pipe's full size against fs.pipe-user-pages-soft (64 MiB) whether it is used
 /// or not.

@@ -67,40 +67,47 @@ class PipePool {
 template <typename Src, typename Dst>
 asio::awaitable<void> spliceOneWay(Src& src, Dst& dst, uint64_t& moved, PipePool& pool) {
   // Sockets the server already made non-blocking (all of them, normally) cost no ioctl here.
-  if (!src.native_non_blocking()) src.native_non_blocking(true);
-  if (!dst.native_non_blocking()) dst.native_non_blocking(true);
+  if (!src.non_blocking() && !src.native_non_blocking()) src.native_non_blocking(true);
+  if (!dst.non_blocking() && !dst.native_non_blocking()) dst.native_non_blocking(true);
   PipePool::Pipe pipe;
   for (;;) {
-    if (!pipe.valid()) pipe = pool.acquire();
-    const ssize_t in = ::splice(src.native_handle(), nullptr, pipe.write_end.get(), nullptr,
-                                pool.chunkBytes(), SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-    if (in == 0) break;
-    if (in < 0) {
-      if (errno == EAGAIN || errno == EINTR) {
-        pool.release(std::move(pipe));  // empty: every byte in it went out
-        co_await src.async_wait(asio::socket_base::wait_read, asio::use_awaitable);
-        continue;
+    // Asio re-arms the descriptor (EPOLL_CTL_MOD) for every wait, so the wait completes at
+    // once if bytes are already there: no splice needs to fail with EAGAIN before it.
+    pool.release(std::move(pipe));  // empty: every byte spliced into it went out
+    co_await src.async_wait(asio::socket_base::wait_read, asio::use_awaitable);
+    pipe = pool.acquire();
+    for (;;) {
+      const ssize_t in = ::splice(src.native_handle(), nullptr, pipe.write_end.get(), nullptr,
+                                  pool.chunkBytes(), SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+      if (in == 0) {
+        pool.release(std::move(pipe));
+        asio::error_code ignored;
+        dst.shutdown(asio::socket_base::shutdown_send, ignored);
+        co_return;
       }
-      throw asio::system_error(asio::error_code(errno, asio::system_category()), "splice in");
-    }
-    size_t pending = static_cast<size_t>(in);
-    while (pending > 0) {
-      const ssize_t out = ::splice(pipe.read_end.get(), nullptr, dst.native_handle(), nullptr,
-                                   pending, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-      if (out < 0) {
-        if (errno == EAGAIN || errno == EINTR) {
-          co_await dst.async_wait(asio::socket_base::wait_write, asio::use_awaitable);
-          continue;
+      if (in < 0) {
+        if (errno == EAGAIN || errno == EINTR) break;
+        throw asio::system_error(asio::error_code(errno, asio::system_category()), "splice in");
+      }
+      size_t pending = static_cast<size_t>(in);
+      while (pending > 0) {
+        const ssize_t out = ::splice(pipe.read_end.get(), nullptr, dst.native_handle(), nullptr,
+                                     pending, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+        if (out < 0) {
+          if (errno == EAGAIN || errno == EINTR) {
+            co_await dst.async_wait(asio::socket_base::wait_write, asio::use_awaitable);
+            continue;
+          }
+          throw asio::system_error(asio::error_code(errno, asio::system_category()), "splice out");
         }
-        throw asio::system_error(asio::error_code(errno, asio::system_category()), "splice out");
+        pending -= static_cast<size_t>(out);
+        moved += static_cast<uint64_t>(out);
       }
-      pending -= static_cast<size_t>(out);
-      moved += static_cast<uint64_t>(out);
+      // A step short of the pipe's size emptied the source (or the pipe's slots ran out; the
+      // wait then completes at once): wait rather than try again.
+      if (static_cast<size_t>(in) < pool.chunkBytes()) break;
     }
   }
-  pool.release(std::move(pipe));
-  asio::error_code ignored;
-  dst.shutdown(asio::socket_base::shutdown_send, ignored);
 }
 
 /// Relays both directions until both have reached EOF, until either fails, or until the flow

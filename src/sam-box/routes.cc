@@ -133,7 +133,11 @@ asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
                     timed_out ? kReasonConnectTimeout : kReasonConnectFailed, true);
     co_return;
   }
-  upstream.set_option(asio::ip::tcp::no_delay(true));
+  // Best effort both: a deeper queue towards the agent means more moved per wake-up, for
+  // sam-box and for the agent's reads (the kernel caps it at net.core.wmem_max).
+  asio::error_code ignored;
+  upstream.set_option(asio::ip::tcp::no_delay(true), ignored);
+  agent.set_option(asio::socket_base::send_buffer_size(kAgentSendBufferBytes), ignored);
 
   asio::error_code ec;
   co_await asio::async_write(agent, asio::buffer(proto::successResponse(flow.kind)),
