@@ -16,8 +16,10 @@ inline constexpr std::chrono::milliseconds kConnectTimeout{10'000};
 /// Name lookups that may run at once (each holds one thread while getaddrinfo(3) blocks).
 /// Threads start as lookups need them.
 inline constexpr size_t kResolverThreads = 8;
-/// How long a name's answer is reused by later flows (each still judged address by address).
+/// How long a name's answer is reused by later flows (each still judged address by address);
+/// the default of --resolve-cache-ttl, which may set 0 (off) up to kMaxResolveCacheTtl.
 inline constexpr std::chrono::milliseconds kResolveCacheTtl{5'000};
+inline constexpr std::chrono::milliseconds kMaxResolveCacheTtl{3'600'000};
 /// Most names whose answers are kept (a wildcard rule allows unboundedly many names).
 inline constexpr size_t kResolveCacheEntries = 1024;
 /// A TCP flow with no byte either way for this long is closed.

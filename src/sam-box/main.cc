@@ -160,6 +160,10 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--allow-destination", flags.allow_destination,
                       "CIDR an allowed name may resolve into despite being loopback, link-local, "
                       "multicast or unspecified (repeatable)");
+  run_cmd
+      ->add_option("--resolve-cache-ttl", flags.resolve_cache_ttl,
+                   "Seconds a name's answer is reused by later flows (0: look up every flow)")
+      ->capture_default_str();
   run_cmd->add_option("--log-level", flags.log_level, "debug, info, warn or error")
       ->capture_default_str();
   try {

@@ -4,6 +4,8 @@
 
 #include <asio/ip/address.hpp>
 
+#include <charconv>
+
 namespace sambox {
 
 ListenAddress parseListenAddress(const std::string& flag, const std::string& text) {
@@ -17,6 +19,18 @@ ListenAddress parseListenAddress(const std::string& flag, const std::string& tex
   asio::ip::make_address(authority->host, ec);
   if (ec) throw ConfigError(flag + " \"" + text + "\": host must be a numeric IP address");
   return {authority->host, authority->port};
+}
+
+std::chrono::milliseconds parseResolveCacheTtl(const std::string& text) {
+  unsigned value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  const auto max = std::chrono::duration_cast<std::chrono::seconds>(kMaxResolveCacheTtl).count();
+  if (text.empty() || ec != std::errc() || ptr != end || value > static_cast<unsigned>(max)) {
+    throw ConfigError("--resolve-cache-ttl \"" + text + "\": want whole seconds from 0 (off) to " +
+                      std::to_string(max));
+  }
+  return std::chrono::seconds(value);
 }
 
 Config buildConfig(const Flags& flags) {
@@ -95,6 +109,7 @@ Config buildConfig(const Flags& flags) {
   if (!flags.metrics_addr.empty()) {
     cfg.metrics = parseListenAddress("--metrics-addr", flags.metrics_addr);
   }
+  cfg.resolve_cache_ttl = parseResolveCacheTtl(flags.resolve_cache_ttl);
   return cfg;
 }
 

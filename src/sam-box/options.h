@@ -6,7 +6,9 @@
 #include "policy/address.h"
 #include "policy/allowlist.h"
 #include "policy/bundle.h"
+#include "sam-box/limits.h"
 
+#include <chrono>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -44,6 +46,8 @@ struct Flags {
   std::string ingress_listen = kDefaultIngressListen;
   std::string agent_ingress_socket;
   std::vector<std::string> allow_destination;
+  std::string resolve_cache_ttl =  ///< seconds, as given
+      std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kResolveCacheTtl).count());
   std::string log_level = "info";
 };
 
@@ -59,8 +63,9 @@ struct Config {
   std::optional<policy::Bundle> bundle;  ///< absent: egress-only box, no agent identity
   policy::Allowlist allowlist;           ///< bundle's egress.allow + --egress-allow
   policy::DestinationPolicy destinations;
-  std::optional<ListenAddress> metrics;  ///< absent: no metrics listener
-  std::optional<ListenAddress> ingress;  ///< set only when the bundle has `serves`
+  std::optional<ListenAddress> metrics;            ///< absent: no metrics listener
+  std::optional<ListenAddress> ingress;            ///< set only when the bundle has `serves`
+  std::chrono::milliseconds resolve_cache_ttl{0};  ///< how long a name's answer is reused
 
   /// The agent id asserted to the node in X-Sam-Agent; empty when there is no bundle.
   [[nodiscard]] std::string agentId() const { return bundle ? bundle->agent_id : std::string(); }
@@ -69,6 +74,9 @@ struct Config {
     return bundle.has_value() && !flags.insecure_unverified_bundle;
   }
 };
+
+/// Parses --resolve-cache-ttl: whole seconds, 0 to kMaxResolveCacheTtl. Throws ConfigError.
+std::chrono::milliseconds parseResolveCacheTtl(const std::string& text);
 
 /// Parses "127.0.0.1:9600" or "[::1]:9600". Throws ConfigError naming `flag`.
 ListenAddress parseListenAddress(const std::string& flag, const std::string& text);
@@ -79,7 +87,8 @@ ListenAddress parseListenAddress(const std::string& flag, const std::string& tex
 /// a bundle to verify without agent.external_id; --insecure-unverified-bundle combined with
 /// credential flags or given without --bundle; credential flags without --bundle; a bundle
 /// with `serves` and no --agent-ingress-socket, or --agent-ingress-socket without `serves`;
-/// a bad --egress-allow entry, --allow-destination CIDR, --metrics-addr or --ingress-listen.
+/// a bad --egress-allow entry, --allow-destination CIDR, --metrics-addr, --ingress-listen or
+/// --resolve-cache-ttl (whole seconds, 0..kMaxResolveCacheTtl).
 Config buildConfig(const Flags& flags);
 
 }  // namespace sambox

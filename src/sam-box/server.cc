@@ -74,7 +74,7 @@ std::unique_ptr<asio::ip::tcp::acceptor> bindTcpListener(asio::io_context& io,
 Server::Server(asio::io_context& io, const Config& config)
     : io_(io),
       config_(config),
-      resolver_(io, kResolverThreads, kResolveCacheTtl, kResolveCacheEntries) {}
+      resolver_(io, kResolverThreads, config.resolve_cache_ttl, kResolveCacheEntries) {}
 
 void Server::start() {
   if (config_.metrics) metrics_acceptor_ = bindTcpListener(io_, "--metrics-addr", *config_.metrics);

@@ -72,9 +72,11 @@ def test_missing_bundle_file_refuses(topo):
     (["--metrics-addr", "nonsense"], r"metrics-addr"),
     (["--metrics-addr", "127.0.0.1:99999"], r"metrics-addr"),
     (["--log-level", "chatty"], r"log.level"),
+    (["--resolve-cache-ttl", "-1"], r"resolve-cache-ttl"),
+    (["--resolve-cache-ttl", "3601"], r"resolve-cache-ttl"),
     (["--no-such-flag"], r"no-such-flag"),
 ], ids=["egress-bad-name", "egress-bad-port", "cidr-prefix", "cidr-text", "metrics-text",
-        "metrics-port", "log-level", "unknown-flag"])
+        "metrics-port", "log-level", "cache-ttl-negative", "cache-ttl-too-long", "unknown-flag"])
 def test_bad_flag_refuses_to_start(topo, args, pattern):
     rc, err = expect_refusal_to_start(topo, args=args)
     assert re.search(pattern, err.lower()), f"refusal does not name {pattern}:\n{err}"

@@ -11,6 +11,7 @@ import os
 import socket
 import ssl
 import threading
+import time
 
 import pytest
 
@@ -229,6 +230,41 @@ def test_allowed_name_resolving_to_forbidden_space_is_refused(box, name):
         assert resp.status == 403 and resp.reason == "forbidden-address", (attempt, resp)
         log = box.wait_flow_log(since=mark, outcome="denied")
         assert log["reason"] == "forbidden-address", (attempt, log)
+
+
+@pytest.fixture
+def flip_name(topo):
+    """A name whose hosts-file line the test may rewrite (in place: the file is bind-mounted
+    into BOX's namespace). Restored afterwards."""
+    hosts = topo.etc / "hosts"
+    original = hosts.read_text()
+
+    def point_to(address):
+        with open(hosts, "r+") as f:
+            f.write(original + f"{address} flip.example.com\n")
+            f.truncate()
+
+    point_to("198.18.0.2")
+    yield point_to
+    with open(hosts, "r+") as f:
+        f.write(original)
+        f.truncate()
+
+
+@pytest.mark.parametrize("ttl", ["0", "5"])
+def test_resolve_cache_reuses_an_answer_for_its_ttl_only(sam_box, flip_name, ttl):
+    # The name moves into forbidden space. With the cache off the next flow is refused at
+    # once; with it on, flows keep the answer they had for up to the TTL, then see the move.
+    b = sam_box(args=["--egress-allow", "flip.example.com", "--resolve-cache-ttl", ttl])
+    r, body = get_through(b, "flip.example.com:80")
+    assert r.status == 200
+    flip_name("127.0.0.1")
+    if ttl == "5":
+        r, body = get_through(b, "flip.example.com:80")
+        assert r.status == 200, "the answer of the first flow is reused within the TTL"
+        time.sleep(5.2)
+    resp = b.refused("flip.example.com:80")
+    assert resp.status == 403 and resp.reason == "forbidden-address", resp
 
 
 class _MarkerHandler(http.server.BaseHTTPRequestHandler):

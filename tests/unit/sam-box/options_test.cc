@@ -135,5 +135,19 @@ TEST_F(OptionsTest, BadFlagsNameTheFlag) {
   EXPECT_EQ(errorOf(f), "");
 }
 
+TEST_F(OptionsTest, ResolveCacheTtlIsWholeSecondsWithinItsRange) {
+  Flags f;
+  f.socket = "/tmp/x.sock";
+  EXPECT_EQ(buildConfig(f).resolve_cache_ttl, kResolveCacheTtl);  // the default
+  f.resolve_cache_ttl = "0";
+  EXPECT_EQ(buildConfig(f).resolve_cache_ttl, std::chrono::milliseconds(0));
+  f.resolve_cache_ttl = "3600";
+  EXPECT_EQ(buildConfig(f).resolve_cache_ttl, std::chrono::seconds(3600));
+  for (const char* bad : {"", "-1", "+5", "3601", "1.5", "5s", " 5", "99999999999"}) {
+    f.resolve_cache_ttl = bad;
+    EXPECT_NE(errorOf(f).find("--resolve-cache-ttl"), std::string::npos) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace sambox
