@@ -42,6 +42,17 @@ void raiseFileLimit() {
   }
 }
 
+/// An io_context whose parked handlers (the coroutine frames of open flows) can be destroyed
+/// before the io_context itself: those frames refer to the Server (metrics, the flow count),
+/// which is destroyed first.
+class IoContext : public asio::io_context {
+ public:
+  using asio::io_context::io_context;
+  /// Shuts the services down, destroying every pending handler. Safe to repeat (the
+  /// destructor does it again); I/O objects may be destroyed afterwards.
+  void destroyPendingWork() { shutdown(); }
+};
+
 void fail(const std::string& what, const std::string& reason) {
   common::log::error(what, {{"reason", reason}});
 }
@@ -83,8 +94,12 @@ int run(const sambox::Flags& flags) {
   }
 
   raiseFileLimit();
-  asio::io_context io(1);
+  IoContext io(1);
   sambox::Server server(io, config);
+  struct DestroyFlowsFirst {
+    IoContext& io;
+    ~DestroyFlowsFirst() { io.destroyPendingWork(); }
+  } destroy_flows_first{io};
   try {
     server.start();
   } catch (const std::exception& e) {
