@@ -173,9 +173,10 @@ TEST_F(RunVerifierTest, SlowHelperIsKilledAtTheDeadline) {
 }
 
 TEST_F(RunVerifierTest, HelperThatClosesStdoutButLingersIsKilled) {
-  const Verdict v = runVerifier(
-      helper("echo '{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\"}'; exec >&-; sleep 30"),
-      check_, milliseconds(300));
+  const Verdict v =
+      runVerifier(helper("echo '{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\"}'; "
+                         "exec >&-; exec sleep 30"),
+                  check_, milliseconds(300));
   EXPECT_FALSE(v.ok);
   EXPECT_EQ(v.reason, kReasonVerifierTimeout);
 }
