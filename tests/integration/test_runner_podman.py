@@ -90,6 +90,15 @@ class Live:
         self.proc.kill()
         raise AssertionError(f"the agent did not start: {self.err}")
 
+    def end(self):
+        """After a test, pass or fail: a runner still running is killed and gc reaps what it
+        left; returns what is left of the agent (must be nothing)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+            runner("gc")
+        return leftovers(self.id)
+
     def wait(self, timeout=60):
         out, err = self.proc.communicate(timeout=timeout)
         self.err += err.decode(errors="replace")
@@ -311,11 +320,8 @@ def test_agent_is_not_root_on_the_host_and_only_it_can_use_its_socket(image, run
         code, _ = live.wait()
         assert code == 128 + signal.SIGTERM, live.err
     finally:
-        if live.proc.poll() is None:
-            live.proc.kill()
-            live.proc.wait()
-            runner("gc")
-    assert leftovers(live.id) == []
+        left = live.end()
+    assert left == []
 
 
 def test_bundle_allowlist_and_identity_banner_and_workdir(image, runner_hosts):
@@ -369,11 +375,8 @@ exec python3 -c 'b = b"x" * (256 << 20); print("allocated")'
         assert "resized" in out and "allocated" not in out, (out, live.err)
         assert code == 137, (code, out, live.err)
     finally:
-        if live.proc.poll() is None:
-            live.proc.kill()
-            live.proc.wait()
-            runner("gc")
-    assert leftovers(live.id) == []
+        left = live.end()
+    assert left == []
 
 
 def _cgroup(pid, controller):
