@@ -139,7 +139,8 @@ def find_load_tool(explicit):
         return pathlib.Path(explicit).resolve()
     build_dir = REPO / "build-nbench-load"
     binary = build_dir / "nano-init-bench-load"
-    sources = [LOAD_SRC / "nano_load.cc", LOAD_SRC / "CMakeLists.txt"]
+    sources = [LOAD_SRC / "nano_load.cc", LOAD_SRC / "CMakeLists.txt",
+               BENCH / "load_common.h", BENCH / "load_common.cc"]
     if binary.exists() and binary.stat().st_mtime >= max(f.stat().st_mtime for f in sources):
         return binary
     log(f"building the load generator into {build_dir.relative_to(REPO)}/")

@@ -154,7 +154,8 @@ def find_load_tool(explicit):
     """The load generator: explicit, or the project build's if current, else built here."""
     if explicit:
         return pathlib.Path(explicit).resolve()
-    source_mtime = max(f.stat().st_mtime for f in (BENCH / "load.cc", BENCH / "CMakeLists.txt"))
+    source_mtime = max(f.stat().st_mtime for f in (BENCH / "load.cc", BENCH / "load_common.h",
+                                                BENCH / "load_common.cc", BENCH / "CMakeLists.txt"))
     in_project = REPO / "build/bench/sam-box-bench-load"
     if in_project.exists() and in_project.stat().st_mtime >= source_mtime:
         return in_project

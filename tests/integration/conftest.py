@@ -26,6 +26,7 @@ import pytest
 
 import boxlib
 from boxlib import STD_ALLOW, SamBox, SidecarEcho, bundle_yaml
+from shell import sh
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -50,13 +51,6 @@ fe80::1 linklocal6.example.com
 TLS_NAMES = ["api.example.com", "files.pypi.org", "a.b.pypi.org", "pypi.org",
              "dual.example.com", "v6only.example.com"]
 
-
-
-def sh(*cmd, check=True):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()}")
-    return r
 
 
 def pytest_sessionstart(session):

@@ -11,7 +11,8 @@
 
 /etc/hosts gains a marked block ("# compass-test-hosts begin" … "end") naming
 allowed.example and denied.example (v4 and v6), so sam-box, the firewall's forwarder and
-the host resolve them.
+the host resolve them. The file is edited in place (same inode), so bind mounts of it stay
+valid.
 
 The podman tier runs in the root netns (podman cannot run under `ip netns exec`), so the
 hosts hang off the root netns. Forwarding (for the firewall mode) is not touched here.
@@ -40,6 +41,8 @@ import time
 
 import pytest
 
+from shell import sh
+
 NETNS = "cr-up"
 VETH_HOST = "cr-up-h"
 VETH_UP = "cr-up-u"
@@ -56,13 +59,6 @@ HOSTS_BLOCK = (f"{BEGIN}\n{ALLOWED_V4} {ALLOWED}\n{DENIED_V4} {DENIED}\n"
 
 STATE = pathlib.Path("/run/compass-test-hosts")
 LOCK, USERS, SERVER_PID = STATE / "lock", STATE / "users", STATE / "server.pid"
-
-
-def _sh(*cmd, check=True):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()}")
-    return r
 
 
 # ---------------------------------------------------------------------------------------
@@ -82,16 +78,14 @@ def _strip_block(text):
 
 
 def _write_hosts(text):
-    # Rename over the file so that no resolver reads half of it; fall back to an in-place
-    # write where /etc/hosts is a bind mount (rename over a mount point fails).
-    tmp = HOSTS_FILE.with_name(".hosts.compass-test")
-    try:
-        tmp.write_text(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, HOSTS_FILE)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        HOSTS_FILE.write_text(text)
+    # In place, never by rename: the file keeps its inode, so whatever bind-mounts
+    # /etc/hosts (a container, a sandbox, /etc/hosts itself being a mount point) keeps
+    # seeing the current text. Overwriting from the start and truncating after (rather than
+    # truncating first) means a resolver never reads an empty file; and as the block is
+    # always appended at the end, adding only extends the file and removing only cuts it.
+    with open(HOSTS_FILE, "r+") as f:
+        f.write(text)
+        f.truncate()
 
 
 def _add_hosts_block():
@@ -132,7 +126,7 @@ def _kill_server():
     SERVER_PID.unlink(missing_ok=True)
     # Anything else still in the namespace (a server from a session killed before it wrote
     # its pid) goes too, or `ip netns del` would leave the namespace alive behind it.
-    r = _sh("ip", "netns", "pids", NETNS, check=False)
+    r = sh("ip", "netns", "pids", NETNS, check=False)
     for p in r.stdout.split():
         try:
             os.kill(int(p), signal.SIGKILL)
@@ -142,28 +136,28 @@ def _kill_server():
 
 def _remove_all():
     _kill_server()
-    _sh("ip", "netns", "del", NETNS, check=False)  # also removes the veth pair
-    _sh("ip", "link", "del", VETH_HOST, check=False)  # if the namespace was already gone
+    sh("ip", "netns", "del", NETNS, check=False)  # also removes the veth pair
+    sh("ip", "link", "del", VETH_HOST, check=False)  # if the namespace was already gone
     _remove_hosts_block()
 
 
 def _build():
-    _sh("ip", "netns", "add", NETNS)
-    _sh("ip", "link", "add", VETH_HOST, "type", "veth", "peer", "name", VETH_UP)
-    _sh("ip", "link", "set", VETH_UP, "netns", NETNS)
-    _sh("ip", "addr", "add", f"{HOST_V4}/24", "dev", VETH_HOST)
-    _sh("ip", "-6", "addr", "add", f"{HOST_V6}/64", "dev", VETH_HOST, "nodad")
-    _sh("ip", "link", "set", VETH_HOST, "up")
-    _sh("ip", "-n", NETNS, "link", "set", "lo", "up")
+    sh("ip", "netns", "add", NETNS)
+    sh("ip", "link", "add", VETH_HOST, "type", "veth", "peer", "name", VETH_UP)
+    sh("ip", "link", "set", VETH_UP, "netns", NETNS)
+    sh("ip", "addr", "add", f"{HOST_V4}/24", "dev", VETH_HOST)
+    sh("ip", "-6", "addr", "add", f"{HOST_V6}/64", "dev", VETH_HOST, "nodad")
+    sh("ip", "link", "set", VETH_HOST, "up")
+    sh("ip", "-n", NETNS, "link", "set", "lo", "up")
     for a in (ALLOWED_V4, DENIED_V4):
-        _sh("ip", "-n", NETNS, "addr", "add", f"{a}/24", "dev", VETH_UP)
+        sh("ip", "-n", NETNS, "addr", "add", f"{a}/24", "dev", VETH_UP)
     for a in (ALLOWED_V6, DENIED_V6):
-        _sh("ip", "-n", NETNS, "-6", "addr", "add", f"{a}/64", "dev", VETH_UP, "nodad")
-    _sh("ip", "-n", NETNS, "link", "set", VETH_UP, "up")
+        sh("ip", "-n", NETNS, "-6", "addr", "add", f"{a}/64", "dev", VETH_UP, "nodad")
+    sh("ip", "-n", NETNS, "link", "set", VETH_UP, "up")
     # Answers go back to whatever the root netns sends from (the firewall mode NATs agents
     # to the host end; sam-box connects from it directly).
-    _sh("ip", "-n", NETNS, "route", "add", "default", "via", HOST_V4)
-    _sh("ip", "-n", NETNS, "-6", "route", "add", "default", "via", HOST_V6)
+    sh("ip", "-n", NETNS, "route", "add", "default", "via", HOST_V4)
+    sh("ip", "-n", NETNS, "-6", "route", "add", "default", "via", HOST_V6)
 
     log = STATE / "server.log"
     with open(log, "wb") as err:
