@@ -1,0 +1,172 @@
+// /a2a: agents that serve (seed 003, "Agents that serve"). A service is advertised only while
+// its card probe succeeds: readiness is observed, never assumed.
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/log.h"
+#include "sam-node/node.h"
+#include "sam-node/proxy.h"
+
+namespace samnode {
+namespace {
+
+constexpr std::string_view kRoute = "a2a";
+constexpr std::string_view kCardPath = ".well-known/agent-card.json";
+constexpr std::string_view kMeshBase = "http://mesh.sam.alt/a2a/";
+// Agent cards are small; a larger answer is not a card.
+constexpr size_t kMaxCardBytes = size_t{1} << 20;
+
+// The card as the caller must see it: every URL it advertises points back through the node.
+void rewriteCard(nlohmann::json& card, const std::string& mesh_url) {
+  if (card.contains("url")) card["url"] = mesh_url;
+  if (card.contains("additionalInterfaces") && card["additionalInterfaces"].is_array())
+    for (auto& iface : card["additionalInterfaces"])
+      if (iface.is_object() && iface.contains("url")) iface["url"] = mesh_url;
+}
+
+}  // namespace
+
+struct A2aDirectory::Impl {
+  explicit Impl(Node& n) : node(n) {}
+  Node& node;
+  mutable std::mutex mu;
+  std::condition_variable wake;
+  std::map<std::string, bool, std::less<>> ready;
+  bool stopping = false;
+  std::thread thread;
+
+  bool probe(const Service& s) const {
+    UpstreamRequest up;
+    up.url = s.target_url + "/" + std::string(kCardPath);
+    up.headers = {{"Accept", "application/json"}};
+    const auto interval = node.config.probe_interval;
+    up.connect_timeout = std::min(interval, std::chrono::milliseconds(2000));
+    up.total_timeout = std::max(interval, std::chrono::milliseconds(1000));
+    try {
+      const UpstreamResponse r = fetch(up, kMaxCardBytes);
+      if (r.status != 200) return false;
+      return nlohmann::json::parse(r.body, nullptr, false).is_object();
+    } catch (const UpstreamError&) {
+      return false;
+    }
+  }
+
+  void run() {
+    std::unique_lock lock(mu);
+    while (!stopping) {
+      lock.unlock();
+      for (const auto& s : node.config.services) {
+        if (s.type != ServiceType::kA2a) continue;
+        const bool ok = probe(s);
+        std::lock_guard guard(mu);
+        const auto it = ready.find(s.name);
+        const bool was = it != ready.end() && it->second;
+        if (ok != was || it == ready.end())
+          common::log::info(ok ? "a2a service ready" : "a2a service not ready",
+                            {{"service", s.name}});
+        ready[s.name] = ok;
+        node.metrics.a2aReady(s.name, ok);
+      }
+      lock.lock();
+      wake.wait_for(lock, node.config.probe_interval, [&] { return stopping; });
+    }
+  }
+};
+
+A2aDirectory::A2aDirectory(Node& node) : impl_(std::make_unique<Impl>(node)) {
+  for (const auto& s : node.config.services)
+    if (s.type == ServiceType::kA2a) node.metrics.a2aReady(s.name, false);
+}
+
+A2aDirectory::~A2aDirectory() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->wake.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+void A2aDirectory::start() {
+  if (!impl_->thread.joinable()) impl_->thread = std::thread([this] { impl_->run(); });
+}
+
+bool A2aDirectory::ready(std::string_view name) const {
+  std::lock_guard lock(impl_->mu);
+  const auto it = impl_->ready.find(name);
+  return it != impl_->ready.end() && it->second;
+}
+
+void A2aDirectory::serve(const Request& req, ResponseWriter& out) {
+  Node& node = impl_->node;
+  if (req.path == "/a2a" || req.path == "/a2a/") {
+    if (req.method != "GET") {
+      refuse(node, req, out, kRoute, 405, "method-not-allowed", "GET /a2a lists agents");
+      return;
+    }
+    nlohmann::json agents = nlohmann::json::array();
+    for (const auto& s : node.config.services)
+      if (s.type == ServiceType::kA2a && node.grants.mayUseService(req.agent, s.name) &&
+          ready(s.name))
+        agents.push_back(
+            {{"name", s.name},
+             {"card_url", std::string(kMeshBase) + s.name + "/" + std::string(kCardPath)}});
+    node.metrics.request(kRoute, "allowed");
+    sendJson(out, 200, nlohmann::json{{"agents", agents}}.dump());
+    return;
+  }
+  // /a2a/<name>[/<rest>]
+  const std::string_view tail = std::string_view(req.path).substr(5);
+  const auto slash = tail.find('/');
+  const std::string name(tail.substr(0, slash));
+  const std::string rest =
+      slash == std::string_view::npos ? "" : std::string(tail.substr(slash + 1));
+  const Service* service = node.config.service(name);
+  // An undeclared name and a declared one the caller may not use answer alike: the caller
+  // learns nothing about services outside its grants.
+  if (service == nullptr || service->type != ServiceType::kA2a ||
+      !node.grants.mayUseService(req.agent, name)) {
+    refuse(node, req, out, kRoute, 403, "not-granted",
+           "no a2a service \"" + name + "\" is granted to this agent");
+    return;
+  }
+  if (!ready(name)) {
+    refuse(node, req, out, kRoute, 503, "service-not-ready",
+           "a2a service \"" + name + "\" does not answer its card probe");
+    return;
+  }
+  UpstreamRequest up;
+  up.method = req.method;
+  up.url = service->target_url + "/" + rest;
+  if (!req.query.empty()) up.url += "?" + req.query;
+  up.headers = forwardableHeaders(req.headers);
+  up.headers.emplace_back("X-Sam-Caller", req.agent);
+  up.body = req.body;
+  if (req.method == "GET" && rest == kCardPath) {
+    UpstreamResponse r;
+    try {
+      r = fetch(up, kMaxCardBytes);
+    } catch (const UpstreamError& e) {
+      upstreamFailed(node, req, out, kRoute, name, "upstream-unreachable", e.what());
+      return;
+    }
+    auto card = nlohmann::json::parse(r.body, nullptr, false);
+    if (r.status == 200 && card.is_object()) {
+      rewriteCard(card, std::string(kMeshBase) + name);
+      r.body = card.dump();
+      node.metrics.request(kRoute, "allowed");
+      out.send(200, r.headers, r.body);  // the writer sets the new length
+      return;
+    }
+    node.metrics.request(kRoute, "allowed");
+    out.send(r.status, r.headers, r.body);
+    return;
+  }
+  proxyStream(node, req, out, kRoute, name, up);
+}
+
+}  // namespace samnode

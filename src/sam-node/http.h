@@ -1,0 +1,81 @@
+#pragma once
+// The node's HTTP/1.1 server on its API socket (RFC 9112), one thread per connection: the
+// node serves the few sam-box connections of one host, and a blocking handler keeps each
+// route (proxy, MCP, probe) a plain function. Requests are parsed by llhttp; bodies are
+// buffered up to kMaxRequestBody; responses may be streamed (Transfer-Encoding: chunked).
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace samnode {
+
+/// Largest request body buffered (bytes); a larger one is answered 413.
+inline constexpr size_t kMaxRequestBody = size_t{16} * 1024 * 1024;
+/// Most connections served at once; the next one is answered 503 and closed.
+inline constexpr size_t kMaxConnections = 256;
+
+using Headers = std::vector<std::pair<std::string, std::string>>;
+
+/// Value of the first field named `name` (case-insensitive), or nullopt.
+std::optional<std::string> findHeader(const Headers& headers, std::string_view name);
+
+struct Request {
+  std::string method;
+  std::string target;  ///< as sent (origin-form)
+  std::string path;    ///< target without the query, percent-decoding NOT applied
+  std::string query;   ///< after '?', without it; empty if none
+  Headers headers;
+  std::string body;
+  /// X-Sam-Agent as set by sam-box; empty if absent.
+  std::string agent;
+};
+
+/// Writes one response. Either send() once, or begin() then any number of write() then
+/// finish(). Every call returns false once the client has gone away (the handler should then
+/// stop producing).
+class ResponseWriter {
+ public:
+  virtual ~ResponseWriter() = default;
+  /// Complete response with Content-Length.
+  virtual bool send(int status, const Headers& headers, std::string_view body) = 0;
+  /// Starts a response. `content_length` set: exactly that many body bytes follow;
+  /// unset: the body is sent chunked. Hop-by-hop fields in `headers` (Connection,
+  /// Transfer-Encoding, Content-Length, Keep-Alive) are dropped; the writer sets its own.
+  virtual bool begin(int status, const Headers& headers, std::optional<size_t> content_length) = 0;
+  /// Sends body bytes now (no buffering beyond the socket's).
+  virtual bool write(std::string_view data) = 0;
+  /// Ends the body.
+  virtual bool finish() = 0;
+  /// True once begin() or send() was called.
+  [[nodiscard]] virtual bool started() const = 0;
+};
+
+using Handler = std::function<void(const Request&, ResponseWriter&)>;
+
+/// Serves `handler` on a Unix socket at `socket_path` (mode 0600). Throws std::runtime_error
+/// naming the path and errno if it cannot bind.
+class HttpServer {
+ public:
+  HttpServer(std::string socket_path, Handler handler);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+  /// Accepts until stop(); returns after every connection thread has finished.
+  void serve();
+  /// Thread- and async-signal-safe: makes serve() return.
+  void stop();
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+/// Convenience: a JSON response.
+bool sendJson(ResponseWriter& out, int status, const std::string& json);
+
+}  // namespace samnode

@@ -1,0 +1,148 @@
+// sam-node: models, tools and agents served by name (docs/sam-node.md).
+#include <pthread.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "common/log.h"
+#include "sam-node/config.h"
+#include "sam-node/http.h"
+#include "sam-node/metrics.h"
+#include "sam-node/node.h"
+#include "sam-node/secrets.h"
+
+namespace {
+
+struct Options {
+  std::string socket_path;
+  std::string config;
+  std::string data_dir = "/var/lib/sam";
+  std::string metrics_addr;
+  std::string bind_addr;
+  std::string log_level = "info";
+};
+
+// Exit codes: 0 stopped by a signal, 1 could not serve, 2 bad flags or configuration.
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+int fail(int code, const std::string& message) {
+  std::fprintf(stderr, "sam-node: %s\n", message.c_str());
+  common::log::error("sam-node cannot start", {{"error", message}});
+  return code;
+}
+
+// Every secret reference the configuration names, checked for syntax before serving: a typo
+// is a start-up error, not a 502 at the first request. Values are read only when used.
+void validateSecrets(const samnode::Config& config, const samnode::SecretStore& secrets) {
+  for (size_t i = 0; i < config.services.size(); ++i)
+    if (!config.services[i].api_key.empty()) {
+      try {
+        secrets.validate(config.services[i].api_key);
+      } catch (const samnode::SecretError& e) {
+        throw samnode::ConfigError("services[" + std::to_string(i) + "].api_key: " + e.what());
+      }
+    }
+  for (size_t i = 0; i < config.secrets.size(); ++i) {
+    try {
+      secrets.validate(config.secrets[i].ref);
+    } catch (const samnode::SecretError& e) {
+      throw samnode::ConfigError("secrets[" + std::to_string(i) + "].ref: " + e.what());
+    }
+  }
+}
+
+int run(const Options& opts) {
+  if (!opts.bind_addr.empty())
+    return fail(kExitUsage,
+                "--bind-addr: only \"\" is accepted: this node does not join a mesh (not built)");
+  const char* provider_env = std::getenv("COMPASS_SECRET_PROVIDER");
+  const std::string provider = provider_env && *provider_env ? provider_env : "file";
+  std::unique_ptr<samnode::Node> node;
+  try {
+    samnode::Config config = samnode::loadConfig(opts.config);
+    samnode::SecretStore secrets(opts.data_dir, provider);
+    validateSecrets(config, secrets);
+    node = std::make_unique<samnode::Node>(std::move(config), std::move(secrets));
+  } catch (const samnode::ConfigError& e) {
+    return fail(kExitUsage, e.what());
+  } catch (const samnode::SecretError& e) {
+    return fail(kExitUsage, std::string("COMPASS_SECRET_PROVIDER: ") + e.what());
+  }
+
+  // SIGTERM/SIGINT are taken by one thread with sigwait(): blocked here, before any other
+  // thread exists, so every thread inherits the mask and none is interrupted by them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  try {
+    std::optional<samnode::MetricsListener> metrics;
+    if (!opts.metrics_addr.empty()) metrics.emplace(node->metrics, opts.metrics_addr);
+    samnode::McpAggregator mcp(*node);
+    samnode::A2aDirectory a2a(*node);
+    samnode::Operations ops(*node);
+    samnode::HttpServer server(opts.socket_path,
+                               [&](const samnode::Request& req, samnode::ResponseWriter& out) {
+                                 samnode::dispatch(*node, mcp, a2a, ops, req, out);
+                               });
+    a2a.start();
+    std::thread signals([&] {
+      int sig = 0;
+      sigwait(&stop_signals, &sig);
+      common::log::info("sam-node stopping", {{"signal", sig}});
+      server.stop();
+    });
+    common::log::info("sam-node serving", {{"socket", opts.socket_path},
+                                           {"services", node->config.services.size()},
+                                           {"roles", node->config.roles.size()},
+                                           {"metrics_port", metrics ? metrics->port() : 0}});
+    server.serve();
+    // serve() also returns on an accept loop failure: wake the signal thread to end it.
+    pthread_kill(signals.native_handle(), SIGTERM);
+    signals.join();
+  } catch (const std::invalid_argument& e) {
+    return fail(kExitUsage, e.what());
+  } catch (const std::exception& e) {
+    return fail(kExitFailure, e.what());
+  }
+  common::log::info("sam-node stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"sam-node: models, tools and agents served by name (docs/sam-node.md)", "sam-node"};
+  app.set_version_flag("--version", std::string("sam-node ") + COMPASS_VERSION);
+  app.require_subcommand(1);
+  Options opts;
+  CLI::App* cmd = app.add_subcommand("run", "serve the node API on a Unix socket");
+  cmd->add_option("--socket-path", opts.socket_path, "the API socket (created mode 0600)")
+      ->required();
+  cmd->add_option("--config", opts.config, "the YAML configuration")->required();
+  cmd->add_option("--data-dir", opts.data_dir, "where file secrets named without a path live")
+      ->capture_default_str();
+  cmd->add_option("--metrics-addr", opts.metrics_addr,
+                  "loopback HOST:PORT for Prometheus /metrics (off if empty)");
+  cmd->add_option("--bind-addr", opts.bind_addr, "mesh listener: only \"\" (not built)");
+  cmd->add_option("--log-level", opts.log_level, "debug, info, warn or error")
+      ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : kExitUsage;
+  }
+  common::log::init("sam-node", common::log::parseLevel(opts.log_level));
+  return run(opts);
+}

@@ -1,0 +1,84 @@
+// /v1/...: the OpenAI-compatible API of the services the caller may use (docs/sam-node.md).
+// The agent's SDK is configured with base_url http://mesh.sam.alt/v1 and a placeholder key;
+// the node picks the service, drops the placeholder and attaches the operator's key.
+
+#include <nlohmann/json.hpp>
+
+#include "common/log.h"
+#include "sam-node/node.h"
+#include "sam-node/proxy.h"
+#include "sam-node/secrets.h"
+
+namespace samnode {
+namespace {
+
+constexpr std::string_view kRoute = "openai";
+
+std::vector<const Service*> grantedModels(const Node& node, std::string_view agent) {
+  std::vector<const Service*> out;
+  for (const auto& s : node.config.services)
+    if (s.type == ServiceType::kOpenai && node.grants.mayUseService(agent, s.name))
+      out.push_back(&s);
+  return out;
+}
+
+void listModels(Node& node, const Request& req, ResponseWriter& out) {
+  nlohmann::json data = nlohmann::json::array();
+  for (const Service* s : grantedModels(node, req.agent))
+    data.push_back(
+        {{"id", s->name}, {"object", "model"}, {"created", 0}, {"owned_by", "sam-node"}});
+  node.metrics.request(kRoute, "allowed");
+  sendJson(out, 200, nlohmann::json{{"object", "list"}, {"data", data}}.dump());
+}
+
+// The body's "model" when it names a granted service; else the only granted service.
+const Service* chooseService(const std::vector<const Service*>& granted, const Request& req) {
+  if (!req.body.empty()) {
+    const auto body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    if (body.is_object() && body.contains("model") && body["model"].is_string()) {
+      const auto& model = body["model"].get_ref<const std::string&>();
+      for (const Service* s : granted)
+        if (s->name == model) return s;
+    }
+  }
+  return granted.size() == 1 ? granted.front() : nullptr;
+}
+
+}  // namespace
+
+void serveOpenai(Node& node, const Request& req, ResponseWriter& out) {
+  if (req.path == "/v1/models" && req.method == "GET") {
+    listModels(node, req, out);
+    return;
+  }
+  const auto granted = grantedModels(node, req.agent);
+  if (granted.empty()) {
+    refuse(node, req, out, kRoute, 403, "not-granted", "no model service is granted to this agent");
+    return;
+  }
+  const Service* service = chooseService(granted, req);
+  if (service == nullptr) {
+    refuse(node, req, out, kRoute, 403, "model-not-granted",
+           "the request's \"model\" names no granted model service (see GET /v1/models)");
+    return;
+  }
+  UpstreamRequest up;
+  up.method = req.method;
+  // target_url is the service's /v1 base: /v1/<rest> goes to <target_url>/<rest>.
+  std::string_view rest = std::string_view(req.path).substr(3);  // after "/v1"
+  up.url = service->target_url + std::string(rest);
+  if (!req.query.empty()) up.url += "?" + req.query;
+  up.headers = forwardableHeaders(req.headers);
+  up.body = req.body;
+  if (!service->api_key.empty()) {
+    try {
+      up.headers.emplace_back("Authorization", "Bearer " + node.secrets.read(service->api_key));
+    } catch (const SecretError& e) {
+      upstreamFailed(node, req, out, kRoute, service->name, "secret-unavailable", e.what());
+      return;
+    }
+  }
+  proxyStream(node, req, out, kRoute, service->name, up);
+}
+
+}  // namespace samnode

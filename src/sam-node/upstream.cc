@@ -1,0 +1,203 @@
+#include "sam-node/upstream.h"
+
+#include <curl/curl.h>
+
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <mutex>
+
+namespace samnode {
+namespace {
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    char x = a[i], y = b[i];
+    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
+    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
+    if (x != y) return false;
+  }
+  return true;
+}
+
+// Fields libcurl derives from the request itself (framing, the URL's authority) or that
+// belong to one connection only (RFC 9110 §7.6.1): a caller's copy would contradict it.
+bool ownedByCurl(std::string_view name) {
+  for (std::string_view h :
+       {"host", "content-length", "transfer-encoding", "connection", "keep-alive",
+        "proxy-connection", "te", "trailer", "upgrade", "expect"})
+    if (iequals(name, h)) return true;
+  return false;
+}
+
+void globalInit() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+struct Transfer {
+  const std::function<bool(int, const Headers&)>* on_head = nullptr;
+  const std::function<bool(std::string_view)>* on_data = nullptr;
+  int status = 0;
+  Headers headers;
+  bool head_done = false;
+  bool aborted = false;  // a callback said stop
+  std::exception_ptr error;
+
+  bool deliverHead() {
+    head_done = true;
+    return (*on_head)(status, headers);
+  }
+};
+
+size_t onHeader(char* data, size_t size, size_t count, void* user) {
+  auto& t = *static_cast<Transfer*>(user);
+  const size_t n = size * count;
+  if (t.head_done) return n;  // trailers after a chunked body: not passed on
+  std::string_view line(data, n);
+  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.remove_suffix(1);
+  try {
+    if (line.starts_with("HTTP/")) {
+      // A new status line: an interim (1xx) response's fields are discarded.
+      t.headers.clear();
+      const auto sp = line.find(' ');
+      t.status =
+          sp == std::string_view::npos ? 0 : std::atoi(std::string(line.substr(sp + 1, 3)).c_str());
+    } else if (line.empty()) {
+      if (t.status >= 200 && !t.deliverHead()) {
+        t.aborted = true;
+        return 0;
+      }
+    } else {
+      const auto colon = line.find(':');
+      if (colon != std::string_view::npos) {
+        std::string_view value = line.substr(colon + 1);
+        while (!value.empty() && (value.front() == ' ' || value.front() == '\t'))
+          value.remove_prefix(1);
+        while (!value.empty() && (value.back() == ' ' || value.back() == '\t'))
+          value.remove_suffix(1);
+        t.headers.emplace_back(std::string(line.substr(0, colon)), std::string(value));
+      }
+    }
+  } catch (...) {
+    t.error = std::current_exception();
+    return 0;
+  }
+  return n;
+}
+
+size_t onWrite(char* data, size_t size, size_t count, void* user) {
+  auto& t = *static_cast<Transfer*>(user);
+  const size_t n = size * count;
+  try {
+    if (!t.head_done && !t.deliverHead()) {
+      t.aborted = true;
+      return 0;
+    }
+    if (!(*t.on_data)(std::string_view(data, n))) {
+      t.aborted = true;
+      return 0;
+    }
+  } catch (...) {
+    t.error = std::current_exception();
+    return 0;
+  }
+  return n;
+}
+
+}  // namespace
+
+bool stream(const UpstreamRequest& request, const std::function<bool(int, const Headers&)>& on_head,
+            const std::function<bool(std::string_view)>& on_data) {
+  globalInit();
+  std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> curl(curl_easy_init(), curl_easy_cleanup);
+  if (!curl) throw UpstreamError("cannot create a libcurl handle");
+  CURL* h = curl.get();
+  char errbuf[CURL_ERROR_SIZE] = {};
+  Transfer t;
+  t.on_head = &on_head;
+  t.on_data = &on_data;
+
+  std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)> list(nullptr, curl_slist_free_all);
+  auto append = [&](const std::string& line) {
+    curl_slist* next = curl_slist_append(list.get(), line.c_str());
+    if (next == nullptr) throw UpstreamError("out of memory building the request");
+    static_cast<void>(list.release());  // `next` is the same list, grown
+    list.reset(next);
+  };
+  for (const auto& [name, value] : request.headers) {
+    if (ownedByCurl(name)) continue;
+    // "Name;" is libcurl's spelling of a field with an empty value.
+    append(value.empty() ? name + ";" : name + ": " + value);
+  }
+  // libcurl would add "Expect: 100-continue" to large bodies and wait for an answer that
+  // not every upstream sends, and "Accept: */*" to a request that had none.
+  append("Expect:");
+  if (!findHeader(request.headers, "accept")) append("Accept:");
+
+  curl_easy_setopt(h, CURLOPT_URL, request.url.c_str());
+  curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);  // a redirect is the caller's answer
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
+                   static_cast<long>(request.connect_timeout.count()));
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, static_cast<long>(request.total_timeout.count()));
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, list.get());
+  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, onHeader);
+  curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, onWrite);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
+  if (request.method == "HEAD") {
+    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+  } else if (request.method == "GET" && request.body.empty()) {
+    curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);
+  } else {
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, request.method.c_str());
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, request.body.data());
+  }
+
+  const CURLcode rc = curl_easy_perform(h);
+  if (t.error) std::rethrow_exception(t.error);
+  if (rc == CURLE_OK) {
+    // A response without a body (HEAD, 204, Content-Length: 0) never called onWrite.
+    if (!t.head_done) {
+      if (t.status < 200) throw UpstreamError("upstream sent no final response");
+      if (!t.deliverHead()) return false;
+    }
+    return true;
+  }
+  if (t.aborted) return false;
+  if (!t.head_done) {
+    throw UpstreamError(std::string(curl_easy_strerror(rc)) + (errbuf[0] ? ": " : "") + errbuf);
+  }
+  return false;
+}
+
+UpstreamResponse fetch(const UpstreamRequest& request, size_t max_body) {
+  UpstreamResponse response;
+  bool too_large = false;
+  const bool complete = stream(
+      request,
+      [&](int status, const Headers& headers) {
+        response.status = status;
+        response.headers = headers;
+        return true;
+      },
+      [&](std::string_view data) {
+        if (response.body.size() + data.size() > max_body) {
+          too_large = true;
+          return false;
+        }
+        response.body.append(data);
+        return true;
+      });
+  if (too_large)
+    throw UpstreamError("response body larger than " + std::to_string(max_body) + " bytes");
+  if (!complete) throw UpstreamError("response ended before its body was complete");
+  return response;
+}
+
+}  // namespace samnode

@@ -1,0 +1,197 @@
+#include "sam-node/config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace samnode {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// The example of docs/sam-node.md, "Configuration".
+constexpr const char* kDocExample = R"(version: v1
+services:
+  - name: chat
+    type: openai
+    target_url: http://127.0.0.1:8001/v1/
+    api_key: env://OPENAI_API_KEY
+  - name: fs
+    type: mcp
+    target_url: http://127.0.0.1:8002/mcp
+  - name: code-reviewer
+    type: a2a
+    target_url: http://127.0.0.1:7080
+secrets:
+  - name: github-token
+    ref: file:///etc/sam/github-token
+    header: Authorization
+    format: "Bearer {}"
+spawn:
+  - name: reviewer
+    bundle: /etc/sam/bundles/reviewer.yaml
+    backend: podman
+    command: [python3, /app/review.py]
+runner: /usr/local/bin/compass-runner
+probe_interval_ms: 250
+roles:
+  - name: researchers
+    allowed_agents: [researcher-1.prod.acme.example, "*.c1.acme.example"]
+    services: [chat, fs, code-reviewer]
+    tools: ["fs/read_file", "fs/*"]
+    spawn: [reviewer]
+    secrets:
+      - name: github-token
+        destinations: [api.github.com, "*.githubusercontent.com:443"]
+)";
+
+std::string refusal(const std::string& yaml) {
+  try {
+    parseConfig(yaml);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "accepted:\n" << yaml;
+  return "";
+}
+
+// The doc example with `from` replaced by `to` (must occur).
+std::string edited(const std::string& from, const std::string& to) {
+  std::string text = kDocExample;
+  const auto at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  return text;
+}
+
+TEST(ConfigTest, ParsesTheDocumentedExample) {
+  const Config c = parseConfig(kDocExample);
+  ASSERT_EQ(c.services.size(), 3u);
+  EXPECT_EQ(c.services[0].name, "chat");
+  EXPECT_EQ(c.services[0].type, ServiceType::kOpenai);
+  EXPECT_EQ(c.services[0].target_url, "http://127.0.0.1:8001/v1");  // trailing '/' dropped
+  EXPECT_EQ(c.services[0].api_key, "env://OPENAI_API_KEY");
+  EXPECT_EQ(c.services[2].type, ServiceType::kA2a);
+  EXPECT_EQ(serviceTypeName(c.services[1].type), "mcp");
+  ASSERT_NE(c.secret("github-token"), nullptr);
+  EXPECT_EQ(c.secret("github-token")->format, "Bearer {}");
+  ASSERT_NE(c.spawnTemplate("reviewer"), nullptr);
+  EXPECT_EQ(c.spawnTemplate("reviewer")->command.size(), 2u);
+  EXPECT_EQ(c.runner, "/usr/local/bin/compass-runner");
+  EXPECT_EQ(c.probe_interval, std::chrono::milliseconds(250));
+  ASSERT_EQ(c.roles.size(), 1u);
+  const Role& r = c.roles[0];
+  ASSERT_EQ(r.allowed_agents.size(), 2u);
+  EXPECT_FALSE(r.allowed_agents[0].wildcard);
+  EXPECT_TRUE(r.allowed_agents[1].wildcard);
+  EXPECT_EQ(r.allowed_agents[1].name, "c1.acme.example");
+  ASSERT_EQ(r.tools.size(), 2u);
+  EXPECT_EQ(r.tools[0].service, "fs");
+  EXPECT_EQ(r.tools[0].tool, "read_file");
+  EXPECT_EQ(r.tools[1].tool, "*");
+  ASSERT_EQ(r.secrets.size(), 1u);
+  EXPECT_TRUE(r.secrets[0].destinations.allows("api.github.com", 443));
+  EXPECT_TRUE(r.secrets[0].destinations.allows("raw.githubusercontent.com", 443));
+  EXPECT_FALSE(r.secrets[0].destinations.allows("raw.githubusercontent.com", 80));
+}
+
+TEST(ConfigTest, DefaultsOfAMinimalFile) {
+  const Config c = parseConfig("version: v1\n");
+  EXPECT_TRUE(c.services.empty());
+  EXPECT_EQ(c.runner, "compass-runner");
+  EXPECT_EQ(c.probe_interval, std::chrono::milliseconds(1000));
+  const Config d = parseConfig("version: v1\nsecrets:\n  - name: k\n    ref: k\n");
+  EXPECT_EQ(d.secrets[0].header, "Authorization");
+  EXPECT_EQ(d.secrets[0].format, "Bearer {}");
+}
+
+TEST(ConfigTest, RefusalsNameTheField) {
+  struct Case {
+    std::string yaml, prefix, detail;
+  };
+  const std::vector<Case> cases = {
+      {"", "config", "mapping"},
+      {"version: v2\n", "version", "must be v1"},
+      {"services: []\n", "version", "required"},
+      {edited("runner:", "colour: blue\nrunner:"), "colour", "unknown key"},
+      {edited("    api_key: env://OPENAI_API_KEY", "    api_key: env://K\n    color: x"),
+       "services[0].color", "unknown key"},
+      {edited("name: fs", "name: chat"), "services[1].name", "duplicate"},
+      {edited("name: fs", "name: Fs_1"), "services[1].name", "RFC 1123"},
+      {edited("type: mcp", "type: grpc"), "services[1].type", "openai, mcp or a2a"},
+      {edited("http://127.0.0.1:8002/mcp", "ftp://127.0.0.1/x"), "services[1].target_url",
+       "http://"},
+      {edited("http://127.0.0.1:8002/mcp", "http://"), "services[1].target_url", "http://"},
+      {edited("http://127.0.0.1:8002/mcp", "127.0.0.1:8002"), "services[1].target_url", "http://"},
+      {edited("http://127.0.0.1:8002/mcp", "http://h/x?q=1"), "services[1].target_url", "query"},
+      {edited("    target_url: http://127.0.0.1:7080", "    target_url: http://h\n    api_key: k"),
+       "services[2].api_key", "only an openai"},
+      {edited("format: \"Bearer {}\"", "format: \"Bearer\""), "secrets[0].format", "{}"},
+      {edited("format: \"Bearer {}\"", "format: \"{} {}\""), "secrets[0].format", "{}"},
+      {edited("header: Authorization", "header: \"Bad Header\""), "secrets[0].header",
+       "field name"},
+      {edited("bundle: /etc", "bundle: etc"), "spawn[0].bundle", "absolute"},
+      {edited("command: [python3, /app/review.py]", "command: []"), "spawn[0].command", "empty"},
+      {edited("probe_interval_ms: 250", "probe_interval_ms: 50"), "probe_interval_ms",
+       "100 to 60000"},
+      {edited("probe_interval_ms: 250", "probe_interval_ms: soon"), "probe_interval_ms",
+       "100 to 60000"},
+      {edited("services: [chat, fs, code-reviewer]", "services: [chat, nope]"),
+       "roles[0].services[1]", "no service named \"nope\""},
+      {edited("\"fs/read_file\"", "\"git/log\""), "roles[0].tools[0]", "no service named"},
+      {edited("\"fs/read_file\"", "\"chat/x\""), "roles[0].tools[0]", "not an mcp service"},
+      {edited("\"fs/read_file\"", "\"fs\""), "roles[0].tools[0]", "<service>/<tool>"},
+      {edited("spawn: [reviewer]", "spawn: [writer]"), "roles[0].spawn[0]", "no spawn template"},
+      {edited("      - name: github-token\n        dest", "      - name: gitlab\n        dest"),
+       "roles[0].secrets[0].name", "no secret named"},
+      {edited("api.github.com,", "10.0.0.1,"), "roles[0].secrets[0].destinations[0]", "10.0.0.1"},
+      {edited("\"*.c1.acme.example\"", "\"a.*.example\""), "roles[0].allowed_agents[1]",
+       "agent id"},
+      {edited("\"*.c1.acme.example\"", "\"*\""), "roles[0].allowed_agents[1]", "agent id"},
+      {"version: v1\nversion: v1\n", "version", "duplicate key"},
+      {"version: [v1\n", "config", "not valid YAML"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.yaml);
+    const std::string error = refusal(c.yaml);
+    EXPECT_THAT(error, StartsWith(c.prefix));
+    EXPECT_THAT(error, HasSubstr(c.detail));
+  }
+}
+
+TEST(ConfigTest, DuplicateRoleNames) {
+  const std::string yaml =
+      "version: v1\nroles:\n  - name: a\n    allowed_agents: [x.example]\n  - name: a\n";
+  EXPECT_THAT(refusal(yaml), StartsWith("roles[1].name: duplicate name"));
+}
+
+TEST(ConfigTest, LoadConfigNamesAnUnreadableFile) {
+  try {
+    loadConfig("/nonexistent/sam-node.yaml");
+    FAIL() << "loaded a missing file";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cannot read /nonexistent/sam-node.yaml"));
+  }
+  const auto path = std::filesystem::temp_directory_path() / "sam-node-config-test.yaml";
+  std::ofstream(path) << kDocExample;
+  EXPECT_EQ(loadConfig(path).services.size(), 3u);
+  std::filesystem::remove(path);
+}
+
+TEST(ConfigTest, AgentPatternsMatchLikeEgressWildcards) {
+  const AgentPattern exact{false, "researcher-1.prod.acme.example"};
+  const AgentPattern ns{true, "c1.acme.example"};
+  EXPECT_TRUE(agentMatches(exact, "researcher-1.prod.acme.example"));
+  EXPECT_FALSE(agentMatches(exact, "x.researcher-1.prod.acme.example"));
+  EXPECT_TRUE(agentMatches(ns, "a.c1.acme.example"));
+  EXPECT_TRUE(agentMatches(ns, "x.y.c1.acme.example"));
+  EXPECT_FALSE(agentMatches(ns, "c1.acme.example"));
+  EXPECT_FALSE(agentMatches(ns, "evilc1.acme.example"));
+  EXPECT_FALSE(agentMatches(ns, ".c1.acme.example"));
+}
+
+}  // namespace
+}  // namespace samnode

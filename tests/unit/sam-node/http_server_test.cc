@@ -1,0 +1,248 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "common/unique_fd.h"
+#include "sam-node/http.h"
+
+namespace samnode {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+// A real server on a real socket in a fresh directory, serving from its own thread.
+class Served {
+ public:
+  explicit Served(Handler handler) {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("sam-node-http-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
+    std::filesystem::create_directories(dir_);
+    path_ = (dir_ / "api.sock").string();
+    server_ = std::make_unique<HttpServer>(path_, std::move(handler));
+    thread_ = std::thread([this] { server_->serve(); });
+  }
+  ~Served() {
+    server_->stop();
+    thread_.join();
+    server_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  [[nodiscard]] const std::string& path() const { return path_; }
+
+  [[nodiscard]] common::UniqueFd connect() const {
+    common::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path_.c_str(), path_.size());
+    EXPECT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    return fd;
+  }
+
+ private:
+  static inline int counter_ = 0;
+  std::filesystem::path dir_;
+  std::string path_;
+  std::unique_ptr<HttpServer> server_;
+  std::thread thread_;
+};
+
+void sendAll(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (n <= 0) return;  // the server may close early (413): the test reads its answer
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+// Reads until `done(buffer)` or EOF, with a generous deadline (never a timed assertion: the
+// deadline only keeps a broken server from hanging the test).
+std::string readUntil(int fd, const std::function<bool(const std::string&)>& done) {
+  std::string buffer;
+  char chunk[65536];
+  while (!done(buffer)) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 30000) <= 0) break;
+    const ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
+    if (n <= 0) break;
+    buffer.append(chunk, static_cast<size_t>(n));
+  }
+  return buffer;
+}
+
+std::string readToEof(int fd) {
+  return readUntil(fd, [](const std::string&) { return false; });
+}
+
+size_t count(const std::string& text, std::string_view needle) {
+  size_t n = 0;
+  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+Handler echo() {
+  return [](const Request& req, ResponseWriter& out) {
+    sendJson(out, 200,
+             "{\"method\":\"" + req.method + "\",\"path\":\"" + req.path + "\",\"query\":\"" +
+                 req.query + "\",\"agent\":\"" + req.agent +
+                 "\",\"body\":" + std::to_string(req.body.size()) + "}");
+  };
+}
+
+TEST(HttpServerTest, SocketIsOwnerOnly) {
+  Served s(echo());
+  struct stat st {};
+  ASSERT_EQ(::stat(s.path().c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST(HttpServerTest, RefusesToReplaceAFileThatIsNotASocket) {
+  const auto path = std::filesystem::temp_directory_path() / "sam-node-http-not-a-socket";
+  std::ofstream(path) << "keep me";
+  try {
+    HttpServer server(path.string(), echo());
+    FAIL() << "replaced a regular file";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("not a socket"));
+  }
+  EXPECT_TRUE(std::filesystem::exists(path));
+  std::filesystem::remove(path);
+}
+
+TEST(HttpServerTest, PipelinedKeepAliveRequests) {
+  Served s(echo());
+  auto fd = s.connect();
+  sendAll(fd.get(),
+          "GET /v1/models?x=1 HTTP/1.1\r\nHost: mesh.sam.alt\r\nX-Sam-Agent: a.example\r\n\r\n"
+          "POST /mcp HTTP/1.1\r\nHost: mesh.sam.alt\r\nContent-Length: 5\r\n\r\nhello"
+          "GET /last HTTP/1.1\r\nHost: mesh.sam.alt\r\nConnection: close\r\n\r\n");
+  const std::string all = readToEof(fd.get());
+  EXPECT_EQ(count(all, "HTTP/1.1 200 OK"), 3u) << all;
+  EXPECT_THAT(all, HasSubstr(R"("path":"/v1/models","query":"x=1","agent":"a.example")"));
+  EXPECT_THAT(all, HasSubstr(R"("method":"POST","path":"/mcp","query":"","agent":"","body":5)"));
+  EXPECT_THAT(all, HasSubstr(R"("path":"/last")"));
+  EXPECT_THAT(all, HasSubstr("Connection: close"));
+}
+
+TEST(HttpServerTest, ChunkedRequestBody) {
+  Served s(echo());
+  auto fd = s.connect();
+  sendAll(fd.get(),
+          "POST /b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+          "3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n");
+  EXPECT_THAT(readToEof(fd.get()), HasSubstr(R"("body":7)"));
+}
+
+TEST(HttpServerTest, MalformedRequestIs400AndClosed) {
+  Served s(echo());
+  for (const char* bad :
+       {"GARBAGE \x01\x02 NOT HTTP\r\n\r\n", "GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+        "POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+        "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"}) {
+    SCOPED_TRACE(bad);
+    auto fd = s.connect();
+    sendAll(fd.get(), bad);
+    const std::string answer = readToEof(fd.get());
+    EXPECT_THAT(answer, StartsWith("HTTP/1.1 400 "));
+    EXPECT_THAT(answer, HasSubstr("malformed request"));
+  }
+}
+
+TEST(HttpServerTest, DeclaredOversizedBodyIs413BeforeTheBodyIsRead) {
+  bool called = false;
+  Served s([&](const Request&, ResponseWriter& out) {
+    called = true;
+    sendJson(out, 200, "{}");
+  });
+  auto fd = s.connect();
+  sendAll(fd.get(), "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                        std::to_string(kMaxRequestBody + 1) + "\r\n\r\n");
+  EXPECT_THAT(readToEof(fd.get()), StartsWith("HTTP/1.1 413 "));
+  EXPECT_FALSE(called);
+}
+
+TEST(HttpServerTest, ChunkedOversizedBodyIs413) {
+  Served s(echo());
+  auto fd = s.connect();
+  std::thread writer([&] {
+    sendAll(fd.get(), "POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+    const std::string piece(1 << 20, 'a');
+    char size[16];
+    std::snprintf(size, sizeof size, "%zx\r\n", piece.size());
+    for (size_t sent = 0; sent <= kMaxRequestBody; sent += piece.size())
+      sendAll(fd.get(), std::string(size) + piece + "\r\n");
+    ::shutdown(fd.get(), SHUT_WR);
+  });
+  const std::string answer = readToEof(fd.get());
+  writer.join();
+  EXPECT_THAT(answer, StartsWith("HTTP/1.1 413 "));
+}
+
+TEST(HttpServerTest, StreamedResponseArrivesBeforeTheHandlerFinishes) {
+  std::promise<void> client_saw_first;
+  auto saw = client_saw_first.get_future();
+  Served s([&](const Request& req, ResponseWriter& out) {
+    if (req.path == "/again") {
+      sendJson(out, 200, "{}");
+      return;
+    }
+    ASSERT_TRUE(out.begin(200, {{"Content-Type", "text/event-stream"}, {"Content-Length", "9"}},
+                          std::nullopt));
+    ASSERT_TRUE(out.write("data: one\n\n"));
+    saw.wait();  // the client has read the first event while this response is still open
+    ASSERT_TRUE(out.write("data: two\n\n"));
+    ASSERT_TRUE(out.finish());
+  });
+  auto fd = s.connect();
+  sendAll(fd.get(), "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string first =
+      readUntil(fd.get(), [](const std::string& b) { return b.find("data: one") != b.npos; });
+  EXPECT_THAT(first, HasSubstr("Transfer-Encoding: chunked"));
+  EXPECT_THAT(first, Not(HasSubstr("Content-Length")));  // hop-by-hop: the writer's own
+  EXPECT_THAT(first, Not(HasSubstr("data: two")));
+  client_saw_first.set_value();
+  const std::string rest =
+      readUntil(fd.get(), [](const std::string& b) { return b.find("0\r\n\r\n") != b.npos; });
+  EXPECT_THAT(rest, HasSubstr("b\r\ndata: two\n\n\r\n0\r\n\r\n"));
+  // The connection stays usable after a chunked response.
+  sendAll(fd.get(), "GET /again HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_THAT(readToEof(fd.get()), StartsWith("HTTP/1.1 200 OK"));
+}
+
+TEST(HttpServerTest, HandlerThatAnswersNothingGets500) {
+  Served s([](const Request&, ResponseWriter&) {});
+  auto fd = s.connect();
+  sendAll(fd.get(), "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_THAT(readToEof(fd.get()), StartsWith("HTTP/1.1 500 "));
+}
+
+TEST(HttpServerTest, StopEndsIdleKeepAliveConnections) {
+  auto s = std::make_unique<Served>(echo());
+  auto fd = s->connect();
+  sendAll(fd.get(), "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  readUntil(fd.get(), [](const std::string& b) { return b.find("}") != b.npos; });
+  s.reset();  // returns only once the idle connection's thread has ended
+  EXPECT_EQ(readToEof(fd.get()), "");
+}
+
+TEST(HttpServerTest, FindHeaderIgnoresCase) {
+  const Headers h = {{"Content-Type", "a"}, {"x-sam-agent", "b"}, {"X-Sam-Agent", "c"}};
+  EXPECT_EQ(findHeader(h, "content-type"), "a");
+  EXPECT_EQ(findHeader(h, "X-SAM-AGENT"), "b");
+  EXPECT_EQ(findHeader(h, "missing"), std::nullopt);
+}
+
+}  // namespace
+}  // namespace samnode

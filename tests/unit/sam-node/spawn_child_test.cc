@@ -1,0 +1,61 @@
+// SpawnedRunners with real child processes (/bin/sh scripts standing in for compass-runner).
+
+#include "sam-node/spawn_child.h"
+
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+namespace samnode {
+namespace {
+
+TEST(SpawnChild, ParsesTheRunnersLine) {
+  EXPECT_EQ(parseRunningLine("compass-runner: agent a0123 running (tier host, egress x, pid 1)"),
+            "a0123");
+  EXPECT_EQ(parseRunningLine("compass-runner: agent a.b_c-1 running"), "a.b_c-1");
+  EXPECT_EQ(parseRunningLine("compass-runner: agent a0123 stopped"), std::nullopt);
+  EXPECT_EQ(parseRunningLine("compass-runner: agent  running"), std::nullopt);
+  EXPECT_EQ(parseRunningLine("compass-runner: agent a/b running"), std::nullopt);
+  EXPECT_EQ(parseRunningLine("x compass-runner: agent a running"), std::nullopt);
+}
+
+TEST(SpawnChild, ReportsTheIdAndStopsTheRunnerAtTheEnd) {
+  SpawnedRunners runners;
+  SpawnOutcome o = runners.start(
+      {"/bin/sh", "-c",
+       "echo noise; echo 'compass-runner: agent a42 running (tier host)' >&2; exec sleep 600"},
+      "t", "caller");
+  ASSERT_EQ(o.kind, SpawnOutcome::kRunning) << o.detail;
+  EXPECT_EQ(o.id, "a42");
+  EXPECT_GT(o.pid, 0);
+  EXPECT_EQ(runners.running(), 1u);
+  EXPECT_EQ(kill(o.pid, 0), 0);
+  // The destructor (end of scope) sends SIGTERM and reaps: sleep dies of it.
+}
+
+TEST(SpawnChild, RunnerThatExitsFirstGivesItsLastLine) {
+  SpawnedRunners runners;
+  SpawnOutcome o = runners.start(
+      {"/bin/sh", "-c", "echo 'compass-runner: cannot start agent: no image' >&2; exit 3"}, "t",
+      "caller");
+  ASSERT_EQ(o.kind, SpawnOutcome::kExited);
+  EXPECT_NE(o.detail.find("cannot start agent: no image"), std::string::npos) << o.detail;
+  EXPECT_NE(o.detail.find("exit status 3"), std::string::npos) << o.detail;
+}
+
+TEST(SpawnChild, MissingProgramCannotStart) {
+  SpawnedRunners runners;
+  SpawnOutcome o = runners.start({"/nonexistent/compass-runner", "run"}, "t", "caller");
+  EXPECT_EQ(o.kind, SpawnOutcome::kCannotStart);
+  EXPECT_NE(o.detail.find("No such file"), std::string::npos) << o.detail;
+}
+
+TEST(SpawnChild, DeadlineStopsASilentRunner) {
+  SpawnedRunners runners;
+  SpawnOutcome o = runners.start({"/bin/sh", "-c", "exec sleep 600"}, "t", "caller",
+                                 std::chrono::milliseconds(200));
+  EXPECT_EQ(o.kind, SpawnOutcome::kTimeout);
+}
+
+}  // namespace
+}  // namespace samnode
