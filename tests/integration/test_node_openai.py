@@ -1,0 +1,287 @@
+"""sam-node's OpenAI-compatible route, end to end (issue 6; docs/sam-node.md): the sandbox side
+speaks to http://mesh.sam.alt through a real sam-box (CONNECT mesh.sam.alt:80 on its agent
+socket), sam-box forwards to sam-node's socket with X-Sam-Agent set, and sam-node proxies to a
+scripted model server on loopback. Also the a2a directory against a python card server.
+"""
+
+import http.client
+import http.server
+import json
+import secrets
+import threading
+
+import pytest
+
+from boxlib import AGENT_ID, SamBox, bundle_yaml, wait_for
+from nodelib import ModelServer, SamNode, header_values
+from nodelib import model_server, sam_node  # noqa: F401 (fixtures used by name)
+
+OTHER = "x.other.example"        # role others (*.other.example): chat2 only
+STRANGER = "nobody.test.example"  # no role
+KEY = "sk-node-" + secrets.token_hex(8)
+
+
+def node_config(model):
+    return f"""version: v1
+services:
+  - name: chat
+    type: openai
+    target_url: {model.base()}
+    api_key: env://SAM_TEST_MODEL_KEY
+  - name: chat2
+    type: openai
+    target_url: {model.base("/alt")}
+roles:
+  - name: researchers
+    allowed_agents: [{AGENT_ID}]
+    services: [chat, chat2]
+  - name: others
+    allowed_agents: ["*.other.example"]
+    services: [chat2]
+"""
+
+
+@pytest.fixture(scope="module")
+def node(model_server):  # noqa: F811 (pytest fixture)
+    n = SamNode(node_config(model_server), env={"SAM_TEST_MODEL_KEY": KEY}).start()
+    yield n
+    n.kill()
+
+
+@pytest.fixture(scope="module")
+def agent_box(topo, node):
+    b = SamBox(topo, bundle=bundle_yaml(allow=["api.example.com"]),
+               args=["--insecure-unverified-bundle", "--sidecar-socket", node.socket_path])
+    b.start()
+    yield b
+    b.kill()
+
+
+def mesh(box):
+    """An http.client connection to http://mesh.sam.alt from the sandbox side of `box`."""
+    resp, c = box.tunnel("mesh.sam.alt:80")
+    assert resp.status == 200, resp
+    assert c.buf == b""
+    conn = http.client.HTTPConnection("mesh.sam.alt", timeout=10)
+    conn.sock = c.sock
+    return conn
+
+
+def call(box, method, target, headers=None, body=None):
+    conn = mesh(box)
+    try:
+        headers = dict(headers or {})
+        if body is not None:
+            body = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        conn.request(method, target, body=body, headers=headers)
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def model_ids(body):
+    return sorted(m["id"] for m in json.loads(body)["data"])
+
+
+def test_models_are_listed_per_grants(node, agent_box):
+    status, _, body = call(agent_box, "GET", "/v1/models")
+    assert status == 200, body
+    assert model_ids(body) == ["chat", "chat2"]
+    assert model_ids(node.request("GET", "/v1/models", agent=OTHER)[2]) == ["chat2"]
+    assert model_ids(node.request("GET", "/v1/models", agent=STRANGER)[2]) == []
+
+
+def test_chat_completion_goes_upstream_with_the_node_key(node, agent_box, model_server):  # noqa: F811
+    n = len(model_server.records)
+    status, headers, body = call(
+        agent_box, "POST", "/v1/chat/completions",
+        headers={"Authorization": "Bearer unused", "X-Sam-Debug": "1"},
+        body={"model": "chat", "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200, body
+    answer = json.loads(body)
+    assert answer["choices"][0]["message"]["content"] == "hello from /v1/chat/completions"
+    rec = model_server.records[n]
+    assert rec["path"] == "/v1/chat/completions"
+    assert rec["json"]["messages"] == [{"role": "user", "content": "hi"}]
+    # The agent's placeholder never reaches the model server; the node's key does.
+    assert header_values(rec, "authorization") == [f"Bearer {KEY}"]
+    assert not [k for k, _ in rec["headers"] if k.lower().startswith("x-sam-")], rec["headers"]
+
+
+def test_model_field_selects_the_service(node, agent_box, model_server):  # noqa: F811
+    n = len(model_server.records)
+    status, _, body = call(agent_box, "POST", "/v1/chat/completions",
+                           headers={"Authorization": "Bearer unused"},
+                           body={"model": "chat2", "messages": []})
+    assert status == 200, body
+    rec = model_server.records[n]
+    assert rec["path"] == "/alt/v1/chat/completions"
+    assert header_values(rec, "authorization") == []  # chat2 has no api_key
+
+
+def test_streamed_chunks_arrive_while_the_upstream_still_answers(agent_box, model_server):  # noqa: F811
+    model_server.hold_stream = True
+    model_server.release.clear()
+    finished = model_server.streams_finished
+    conn = mesh(agent_box)
+    try:
+        conn.request("POST", "/v1/chat/completions",
+                     body=json.dumps({"model": "chat", "stream": True, "messages": []}),
+                     headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200
+        assert r.getheader("Content-Type") == "text/event-stream"
+        first = r.readline()
+        assert first.startswith(b"data: ") and b'"first"' in first, first
+        # The model server is still holding its answer open: the chunk was not buffered.
+        assert model_server.streams_finished == finished
+        model_server.release.set()
+        rest = r.read()
+        assert b'"second"' in rest and rest.rstrip().endswith(b"data: [DONE]"), rest
+    finally:
+        model_server.hold_stream = False
+        model_server.release.set()
+        conn.close()
+
+
+def test_spoofed_identity_from_the_sandbox_is_replaced(node, agent_box, model_server):  # noqa: F811
+    # OTHER may only use chat2; the box's own identity may use both.
+    status, _, body = call(agent_box, "GET", "/v1/models", headers={"X-Sam-Agent": OTHER})
+    assert status == 200 and model_ids(body) == ["chat", "chat2"], body
+    n = len(model_server.records)
+    status, _, _ = call(agent_box, "POST", "/v1/chat/completions",
+                        headers={"X-Sam-Agent": OTHER}, body={"model": "chat", "messages": []})
+    assert status == 200
+    assert header_values(model_server.records[n], "authorization") == [f"Bearer {KEY}"]
+
+
+def test_missing_identity_is_401_and_counted(node):
+    before = node.metric('sam_node_refusals_total{reason="missing-agent-identity"}')
+    status, headers, body = node.request("GET", "/v1/models")
+    assert status == 401, body
+    assert headers["sam-node-reason"] == "missing-agent-identity"
+    err = json.loads(body)["error"]
+    assert err["type"] == "sam_node_refusal" and err["code"] == "missing-agent-identity"
+    assert node.metric('sam_node_refusals_total{reason="missing-agent-identity"}') == before + 1
+    log = wait_for(lambda: [e for e in node.logs() if e.get("reason") == "missing-agent-identity"],
+                   what="refusal log")[0]
+    assert log["decision"] == "denied" and log["route"] == "openai", log
+
+
+def test_agent_without_a_model_grant_is_refused(node, model_server):  # noqa: F811
+    n = len(model_server.records)
+    status, headers, body = node.request("POST", "/v1/chat/completions", agent=STRANGER,
+                                         body={"model": "chat", "messages": []})
+    assert status == 403 and headers["sam-node-reason"] == "not-granted", body
+    status, headers, _ = node.request("POST", "/v1/chat/completions", agent=OTHER,
+                                      body={"model": "chat", "messages": []})
+    # OTHER has exactly one model service: an unknown "model" goes to it, not to chat.
+    assert status == 200
+    assert [r["path"] for r in model_server.records[n:]] == ["/alt/v1/chat/completions"]
+    assert node.metric('sam_node_refusals_total{reason="not-granted"}') >= 1
+    text = node.metrics_text()
+    assert STRANGER not in text and AGENT_ID not in text
+
+
+def test_unknown_route_is_404(node):
+    status, headers, _ = node.request("GET", "/nope", agent=AGENT_ID)
+    assert status == 404 and headers["sam-node-reason"] == "unknown-route"
+
+
+def test_bad_config_exits_2_naming_the_field(sam_node):  # noqa: F811
+    n = sam_node("version: v1\nservices:\n  - {name: chat, type: openai, target_url: ftp://x}\n",
+                 start=False).spawn()
+    assert n.wait_exit() == 2
+    assert "services[0].target_url" in n.stderr_text()
+
+
+def test_unreachable_model_server_is_502(sam_node):  # noqa: F811
+    dead = ModelServer()
+    base = dead.base()
+    dead.stop()
+    n = sam_node(f"""version: v1
+services:
+  - {{name: chat, type: openai, target_url: "{base}"}}
+roles:
+  - {{name: r, allowed_agents: ["{AGENT_ID}"], services: [chat]}}
+""")
+    status, headers, body = n.request("POST", "/v1/chat/completions", agent=AGENT_ID,
+                                      body={"model": "chat"})
+    assert status == 502 and headers["sam-node-reason"] == "upstream-unreachable", body
+    assert n.stop() == 0
+
+
+# ---------------------------------------------------------------------------------------
+# a2a: a python stand-in serving an agent card
+
+
+class CardServer:
+    def __init__(self):
+        self.callers = []
+        card_server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                card_server.callers.append(self.headers.get("X-Sam-Caller"))
+                if self.path == "/.well-known/agent-card.json":
+                    body = json.dumps({"name": "reviewer", "url": "http://127.0.0.1:1/",
+                                       "additionalInterfaces": [
+                                           {"url": "http://127.0.0.1:1/", "transport": "JSONRPC"}]})
+                else:
+                    body = json.dumps({"path": self.path})
+                data = body.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a2a_is_advertised_only_while_its_card_answers(sam_node):  # noqa: F811
+    card = CardServer()
+    n = sam_node(f"""version: v1
+services:
+  - {{name: reviewer, type: a2a, target_url: "http://127.0.0.1:{card.port}"}}
+probe_interval_ms: 100
+roles:
+  - {{name: r, allowed_agents: ["{AGENT_ID}"], services: [reviewer]}}
+""")
+
+    def listed(agent=AGENT_ID):
+        return json.loads(n.request("GET", "/a2a", agent=agent)[2])["agents"]
+
+    wait_for(lambda: listed(), what="reviewer listed")
+    assert listed() == [{"name": "reviewer", "card_url":
+                         "http://mesh.sam.alt/a2a/reviewer/.well-known/agent-card.json"}]
+    assert listed(STRANGER) == []
+    assert n.metric('sam_node_a2a_ready{service="reviewer"}') == 1
+    status, _, body = n.request("GET", "/a2a/reviewer/.well-known/agent-card.json", agent=AGENT_ID)
+    got = json.loads(body)
+    assert status == 200 and got["url"] == "http://mesh.sam.alt/a2a/reviewer", got
+    assert got["additionalInterfaces"][0]["url"] == "http://mesh.sam.alt/a2a/reviewer"
+    assert card.callers[-1] == AGENT_ID
+    status, _, body = n.request("GET", "/a2a/reviewer/tasks/1?x=2", agent=AGENT_ID)
+    assert status == 200 and json.loads(body) == {"path": "/tasks/1?x=2"}
+    status, headers, _ = n.request("GET", "/a2a/reviewer/tasks/1", agent=STRANGER)
+    assert status == 403 and headers["sam-node-reason"] == "not-granted"
+
+    card.stop()
+    wait_for(lambda: listed() == [], what="reviewer withdrawn")
+    status, headers, _ = n.request("GET", "/a2a/reviewer/tasks/1", agent=AGENT_ID)
+    assert status == 503 and headers["sam-node-reason"] == "service-not-ready"
+    assert n.metric('sam_node_a2a_ready{service="reviewer"}') == 0

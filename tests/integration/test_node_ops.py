@@ -1,0 +1,514 @@
+"""sam-node's relayed operations and its MCP aggregation, talking to the node's Unix socket
+directly with X-Sam-Agent set as sam-box would (issue 6; docs/sam-node.md).
+
+- secret-use: against a python HTTP server on loopback that echoes the Authorization it got;
+  the agent sees "[redacted]", the server saw the real secret; another destination or an agent
+  without the grant is refused.
+- MCP: two python Streamable-HTTP MCP stand-ins (one answers JSON, one answers SSE and keeps
+  the stream open, and pages its tools/list); two agents with different roles see different
+  tools; a tool not granted gives isError; an expired upstream session is re-initialized.
+- spawn: `runner:` is a script that prints compass-runner's "agent <id> running" line; a
+  template not granted is refused; a runner that fails answers 502 with its last line; the
+  runner is stopped when sam-node stops. (A real compass-runner spawn needs the podman image;
+  it is not exercised here.)
+
+Everything is on loopback or Unix sockets.
+"""
+
+import http.client
+import http.server
+import json
+import os
+import pathlib
+import secrets
+import shutil
+import signal
+import socket
+import socketserver
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+
+from boxlib import wait_for
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SAM_NODE = pathlib.Path(os.environ.get("SAM_NODE", REPO / "build/src/sam-node/sam-node"))
+if not SAM_NODE.is_absolute():
+    SAM_NODE = REPO / SAM_NODE
+
+READER = "reader.test.example"      # role readers: alpha/read, alpha/shared, beta/*; secret
+WRITER = "w1.writers.example"       # role writers (*.writers.example): alpha/* only
+STRANGER = "nobody.test.example"    # no role
+SECRET = "tok-" + secrets.token_hex(12)
+
+
+# ---------------------------------------------------------------------------------------
+# Loopback servers
+
+
+class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def serve(handler_cls):
+    srv = _Server(("127.0.0.1", 0), handler_cls)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+class EchoHandler(http.server.BaseHTTPRequestHandler):
+    """Answers with what it was sent; keeps every Authorization it saw."""
+    seen = []
+
+    def log_message(self, *args):
+        pass
+
+    def _answer(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length).decode()
+        auth = self.headers.get("Authorization", "")
+        EchoHandler.seen.append(auth)
+        out = json.dumps({"method": self.command, "path": self.path, "authorization": auth,
+                          "x_custom": self.headers.get("X-Custom", ""), "body": body}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Echo-Auth", auth)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    do_GET = do_POST = _answer
+
+
+class McpStandIn:
+    """A Streamable-HTTP MCP server in the small: initialize (with a session id), tools/list,
+    tools/call. `sse`: answer POSTs with text/event-stream, a notification first, and keep the
+    stream open after the response (the node must not wait for the close). `page`: tools/list
+    in pages of one tool via nextCursor."""
+
+    def __init__(self, name, tools, sse=False, page=False):
+        self.name, self.tools, self.sse, self.page = name, tools, sse, page
+        self.sessions = set()
+        self.initializes = 0
+        self.calls = []
+        self.stop = threading.Event()
+        stand_in = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self.send_response(405)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self):
+                stand_in.handle(self)
+
+        self.server = serve(Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/mcp"
+
+    def result(self, msg):
+        method, params = msg["method"], msg.get("params") or {}
+        if method == "initialize":
+            self.initializes += 1
+            return {"protocolVersion": params["protocolVersion"], "capabilities": {"tools": {}},
+                    "serverInfo": {"name": self.name}}
+        if method == "tools/list":
+            tools = [{"name": t, "description": f"{t} of {self.name}",
+                      "inputSchema": {"type": "object"}} for t in self.tools]
+            if not self.page:
+                return {"tools": tools}
+            i = int(params.get("cursor", "0"))
+            out = {"tools": tools[i:i + 1]}
+            if i + 1 < len(tools):
+                out["nextCursor"] = str(i + 1)
+            return out
+        if method == "tools/call":
+            self.calls.append(params["name"])
+            return {"content": [{"type": "text", "text":
+                                 f"{self.name}:{params['name']}:{json.dumps(params.get('arguments'))}"}]}
+        return None
+
+    def handle(self, h):
+        msg = json.loads(h.rfile.read(int(h.headers["Content-Length"])))
+        sid = h.headers.get("Mcp-Session-Id")
+        if msg.get("method") != "initialize" and sid not in self.sessions:
+            h.send_response(404 if sid else 400)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        if "id" not in msg:  # a notification
+            h.send_response(202)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        result = self.result(msg)
+        reply = ({"jsonrpc": "2.0", "id": msg["id"], "result": result} if result is not None else
+                 {"jsonrpc": "2.0", "id": msg["id"],
+                  "error": {"code": -32601, "message": "no such method"}})
+        h.send_response(200)
+        if msg["method"] == "initialize":
+            new = secrets.token_hex(8)
+            self.sessions.add(new)
+            h.send_header("Mcp-Session-Id", new)
+        if not self.sse:
+            data = json.dumps(reply).encode()
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(data)))
+            h.end_headers()
+            h.wfile.write(data)
+            return
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Connection", "close")
+        h.end_headers()
+        note = {"jsonrpc": "2.0", "method": "notifications/message",
+                "params": {"level": "info", "data": "working"}}
+        h.wfile.write(b": hello\n\nevent: message\ndata: " + json.dumps(note).encode() + b"\n\n")
+        text = json.dumps(reply, indent=1).encode().replace(b"\n", b"\ndata: ")
+        h.wfile.write(b"id: 1\r\ndata: " + text + b"\r\n\r\n")
+        h.wfile.flush()
+        # Keep the stream open until the node hangs up or the test ends.
+        try:
+            while not self.stop.wait(0.1):
+                h.wfile.write(b": keep-alive\n\n")
+                h.wfile.flush()
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------------------------------
+# sam-node
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path, timeout=30):
+        super().__init__("mesh.sam.alt", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        s.connect(self.unix_path)
+        self.sock = s
+
+
+class Node:
+    def __init__(self, tmp, config):
+        self.tmp = pathlib.Path(tmp)
+        self.socket = str(self.tmp / "node.sock")
+        (self.tmp / "config.yaml").write_text(config)
+        self.log = open(self.tmp / "node.log", "w+")
+        self.proc = subprocess.Popen(
+            [str(SAM_NODE), "run", "--socket-path", self.socket,
+             "--config", str(self.tmp / "config.yaml"), "--data-dir", str(self.tmp)],
+            stdout=subprocess.DEVNULL, stderr=self.log)
+        wait_for(self._up, timeout=20, what="sam-node's socket")
+
+    def _up(self):
+        if self.proc.poll() is not None:
+            raise AssertionError(f"sam-node exited {self.proc.returncode}: {self.logs()}")
+        try:
+            self.request("GET", "/", agent=READER)
+            return True
+        except OSError:
+            return False
+
+    def logs(self):
+        self.log.flush()
+        return (self.tmp / "node.log").read_text()
+
+    def request(self, method, path, body=None, agent=READER, headers=None):
+        conn = UnixHTTPConnection(self.socket)
+        try:
+            h = dict(headers or {})
+            if agent is not None:
+                h["X-Sam-Agent"] = agent
+            data = None
+            if body is not None:
+                data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+                h["Content-Type"] = "application/json"
+            conn.request(method, path, body=data, headers=h)
+            r = conn.getresponse()
+            return r.status, dict(r.getheaders()), r.read()
+        finally:
+            conn.close()
+
+    def post_json(self, path, body, agent=READER):
+        status, headers, data = self.request("POST", path, body, agent=agent)
+        return status, headers, json.loads(data) if data else None
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+RUNNER = """#!/bin/sh
+last=""
+for a in "$@"; do last="$a"; done
+echo "$@" > "{tmp}/runner-args"
+if [ "$last" = fail ]; then
+  echo "compass-runner: checking bundle" >&2
+  echo "compass-runner: cannot start agent: bundle refused" >&2
+  exit 3
+fi
+echo "$$" > "{tmp}/runner-pid"
+echo "compass-runner: agent a0123456789 running (tier host, egress unenforced, pid $$)" >&2
+exec sleep 600
+"""
+
+
+@pytest.fixture(scope="module")
+def env():
+    tmp = tempfile.mkdtemp(prefix="node-ops-")
+    echo = serve(EchoHandler)
+    other = serve(EchoHandler)
+    alpha = McpStandIn("alpha", ["read", "write", "shared"])
+    beta = McpStandIn("beta", ["search", "shared", "index"], sse=True, page=True)
+    (pathlib.Path(tmp) / "api-token").write_text(SECRET + "\n")
+    (pathlib.Path(tmp) / "bundle.yaml").write_text("version: v1\n")
+    runner = pathlib.Path(tmp) / "fake-runner"
+    runner.write_text(RUNNER.format(tmp=tmp))
+    runner.chmod(0o755)
+    echo_port, other_port = echo.server_address[1], other.server_address[1]
+    config = f"""version: v1
+services:
+  - name: alpha
+    type: mcp
+    target_url: {alpha.url}
+  - name: beta
+    type: mcp
+    target_url: {beta.url}
+secrets:
+  - name: api-token
+    ref: file://{tmp}/api-token
+spawn:
+  - name: worker
+    bundle: {tmp}/bundle.yaml
+    backend: host
+    command: [sleep, "600"]
+  - name: broken
+    bundle: {tmp}/bundle.yaml
+    backend: host
+    command: [fail]
+runner: {runner}
+roles:
+  - name: readers
+    allowed_agents: [{READER}]
+    services: [alpha, beta]
+    tools: ["alpha/read", "alpha/shared", "beta/*"]
+    spawn: [worker, broken]
+    secrets:
+      - name: api-token
+        destinations: ["localhost:{echo_port}"]
+  - name: writers
+    allowed_agents: ["*.writers.example"]
+    services: [alpha]
+    tools: ["alpha/*"]
+"""
+    node = Node(tmp, config)
+    node.echo_port, node.other_port = echo_port, other_port
+    node.alpha, node.beta = alpha, beta
+    try:
+        yield node
+    finally:
+        alpha.stop.set()
+        beta.stop.set()
+        node.stop()
+        for srv in (echo, other, alpha.server, beta.server):
+            srv.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------
+# secret-use
+
+
+def secret_use(env, agent=READER, port=None, headers=None, secret="api-token"):
+    return env.post_json("/ops/secret-use", {
+        "secret": secret,
+        "request": {"method": "POST",
+                    "url": f"http://localhost:{port or env.echo_port}/api?q=1",
+                    "headers": headers or {"X-Custom": "yes"}, "body": "hello"}}, agent=agent)
+
+
+def test_secret_use_attaches_the_secret_and_redacts_it(env):
+    EchoHandler.seen.clear()
+    status, _, reply = secret_use(env)
+    assert status == 200, reply
+    assert reply["status"] == 200
+    echoed = json.loads(reply["body"])
+    assert echoed["authorization"] == "Bearer [redacted]"
+    assert echoed["x_custom"] == "yes" and echoed["body"] == "hello"
+    assert echoed["path"] == "/api?q=1" and echoed["method"] == "POST"
+    assert reply["headers"]["x-echo-auth"] == "Bearer [redacted]"
+    assert SECRET not in json.dumps(reply)
+    assert EchoHandler.seen == [f"Bearer {SECRET}"]  # the destination got the real one
+    assert SECRET not in env.logs()
+
+
+def test_secret_use_refusals(env):
+    EchoHandler.seen.clear()
+    status, headers, reply = secret_use(env, port=env.other_port)
+    assert status == 403 and headers["Sam-Node-Reason"] == "secret-not-granted", reply
+    status, headers, reply = secret_use(env, agent=WRITER)
+    assert status == 403 and headers["Sam-Node-Reason"] == "secret-not-granted", reply
+    status, _, reply = secret_use(env, secret="no-such-secret")
+    assert status == 403, reply
+    # The agent may not set the field the secret goes in, nor Host (domain fronting).
+    status, _, reply = secret_use(env, headers={"authorization": "Bearer mine"})
+    assert status == 400 and "authorization" in reply["error"]["message"], reply
+    status, _, reply = secret_use(env, headers={"Host": "elsewhere.example"})
+    assert status == 400 and "Host" in reply["error"]["message"], reply
+    status, _, reply = env.post_json("/ops/secret-use", {
+        "secret": "api-token", "request": {"url": f"http://127.0.0.1:{env.echo_port}/"}})
+    assert status == 400 and "request.url" in reply["error"]["message"], reply
+    status, _, reply = env.post_json("/ops/secret-use", {
+        "secret": "api-token", "request": {"url": "ftp://localhost/"}})
+    assert status == 400 and "request.url" in reply["error"]["message"], reply
+    status, _, reply = env.post_json("/ops/secret-use", {"secret": "api-token"})
+    assert status == 400 and "request" in reply["error"]["message"], reply
+    status, _, _ = env.request("POST", "/ops/secret-use", "{not json")
+    assert status == 400
+    status, headers, _ = env.request("POST", "/ops/secret-use", "{}", agent=None)
+    assert status == 401
+    assert EchoHandler.seen == []  # nothing refused reached the destination
+
+
+# ---------------------------------------------------------------------------------------
+# MCP
+
+
+def rpc(env, method, params=None, agent=READER, rid=1):
+    msg = {"jsonrpc": "2.0", "id": rid, "method": method}
+    if params is not None:
+        msg["params"] = params
+    status, headers, body = env.request(
+        "POST", "/mcp", json.dumps(msg), agent=agent,
+        headers={"Accept": "application/json, text/event-stream"})
+    return status, headers, json.loads(body) if body else None
+
+
+def tool_names(env, agent):
+    status, _, reply = rpc(env, "tools/list", {}, agent=agent)
+    assert status == 200, reply
+    return [t["name"] for t in reply["result"]["tools"]]
+
+
+def test_mcp_initialize_and_transport(env):
+    status, headers, reply = rpc(env, "initialize", {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}})
+    assert status == 200
+    assert headers.get("Mcp-Session-Id")
+    assert reply["result"]["protocolVersion"] == "2025-06-18"
+    assert reply["result"]["capabilities"] == {"tools": {"listChanged": False}}
+    assert reply["result"]["serverInfo"]["name"] == "sam-node"
+    _, _, reply = rpc(env, "initialize", {"protocolVersion": "1999-01-01", "capabilities": {}})
+    assert reply["result"]["protocolVersion"] == "2025-11-25"
+    status, _, _ = env.request("POST", "/mcp", json.dumps(
+        {"jsonrpc": "2.0", "method": "notifications/initialized"}))
+    assert status == 202
+    assert rpc(env, "ping")[2]["result"] == {}
+    assert rpc(env, "resources/list")[2]["error"]["code"] == -32601
+    status, _, body = env.request("POST", "/mcp", "{oops")
+    assert status == 400 and json.loads(body)["error"]["code"] == -32700
+    status, _, body = env.request("POST", "/mcp", json.dumps(
+        [{"jsonrpc": "2.0", "id": 1, "method": "ping"}]))
+    assert status == 400
+    assert json.loads(body)["error"]["code"] == -32600
+    assert "batch" in json.loads(body)["error"]["message"]
+    assert env.request("GET", "/mcp")[0] == 405
+    assert env.request("DELETE", "/mcp")[0] == 200
+
+
+def test_mcp_tools_list_depends_on_who_asks(env):
+    # beta pages its list (nextCursor) and answers over SSE; "shared" goes to alpha (first).
+    assert tool_names(env, READER) == ["read", "shared", "search", "index"]
+    assert tool_names(env, WRITER) == ["read", "write", "shared"]
+    assert tool_names(env, STRANGER) == []
+
+
+def test_mcp_tools_call(env):
+    _, _, reply = rpc(env, "tools/call", {"name": "search", "arguments": {"q": "x"}})
+    assert reply["id"] == 1
+    assert reply["result"]["content"][0]["text"] == 'beta:search:{"q": "x"}'
+    _, _, reply = rpc(env, "tools/call", {"name": "shared", "arguments": {}}, rid="s")
+    assert reply["id"] == "s"
+    assert reply["result"]["content"][0]["text"].startswith("alpha:shared:")
+    _, _, reply = rpc(env, "tools/call", {"name": "write", "arguments": {}}, agent=WRITER)
+    assert reply["result"]["content"][0]["text"].startswith("alpha:write:")
+
+
+def test_mcp_tool_not_granted_is_a_result_the_model_reads(env):
+    calls = list(env.alpha.calls)
+    status, _, reply = rpc(env, "tools/call", {"name": "write", "arguments": {}})
+    assert status == 200 and "error" not in reply, reply
+    assert reply["result"]["isError"] is True
+    assert "not granted" in reply["result"]["content"][0]["text"]
+    _, _, reply = rpc(env, "tools/call", {"name": "nope", "arguments": {}})
+    assert reply["result"]["isError"] is True
+    assert "unknown tool" in reply["result"]["content"][0]["text"]
+    _, _, reply = rpc(env, "tools/call", {"name": "search", "arguments": {}}, agent=WRITER)
+    assert reply["result"]["isError"] is True
+    assert env.alpha.calls == calls  # nothing refused reached the upstream
+    _, _, reply = rpc(env, "tools/call", {"arguments": {}})
+    assert reply["error"]["code"] == -32602
+
+
+def test_mcp_upstream_session_expiry_reinitializes(env):
+    rpc(env, "tools/call", {"name": "read", "arguments": {}})
+    before = env.alpha.initializes
+    env.alpha.sessions.clear()  # the upstream forgets: the node's next request gets 404
+    _, _, reply = rpc(env, "tools/call", {"name": "read", "arguments": {"n": 1}})
+    assert reply["result"]["content"][0]["text"] == 'alpha:read:{"n": 1}'
+    assert env.alpha.initializes == before + 1
+
+
+# ---------------------------------------------------------------------------------------
+# spawn (last: stopping the node is part of it)
+
+
+def test_spawn(env):
+    status, headers, reply = env.post_json("/ops/spawn", {"template": "worker"}, agent=WRITER)
+    assert status == 403 and headers["Sam-Node-Reason"] == "spawn-not-granted", reply
+    status, _, reply = env.post_json("/ops/spawn", {"template": "unknown"})
+    assert status == 403, reply
+    status, _, reply = env.post_json("/ops/spawn", {"template": 3})
+    assert status == 400 and "template" in reply["error"]["message"], reply
+
+    status, _, reply = env.post_json("/ops/spawn", {"template": "broken"})
+    assert status == 502, reply
+    assert "cannot start agent: bundle refused" in reply["error"]["message"]
+
+    status, _, reply = env.post_json("/ops/spawn", {"template": "worker"})
+    assert status == 200, reply
+    assert reply == {"id": "a0123456789", "template": "worker"}
+    args = (env.tmp / "runner-args").read_text().split()
+    assert args == ["run", "--backend", "host", "--bundle", str(env.tmp / "bundle.yaml"), "--",
+                    "sleep", "600"]
+    pid = int((env.tmp / "runner-pid").read_text())
+    os.kill(pid, 0)  # running
+
+    env.stop()  # ~Operations stops the runners it started
+
+    def gone():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+    wait_for(gone, timeout=20, what="the spawned runner to be stopped with sam-node")
