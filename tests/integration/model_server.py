@@ -3,10 +3,11 @@
 
     model_server.py [--host 127.0.0.1] [--port 0] [--script JSON_OR_@FILE] [--api-key KEY]
 
-Prints `ready <port>` on stdout once it listens. Endpoints (OpenAI's shapes):
+Prints `ready <port>` on stdout once it listens. Endpoints (OpenAI's shapes, under any path
+prefix ending in /v1, so that one server stands in for several services: /alt/v1/models):
 
-- `GET  /v1/models`: one model, `scripted`.
-- `POST /v1/chat/completions`, with or without `"stream": true` (SSE `chat.completion.chunk`
+- `GET  .../v1/models`: one model, `scripted`.
+- `POST .../v1/chat/completions`, with or without `"stream": true` (SSE `chat.completion.chunk`
   events ending in `data: [DONE]`, sent as they are produced, like OpenAI's).
   Scripted: when no message after the last user message is a tool result, the answer asks for
   the tool calls named in the script (`{"tool_calls": [{"name": "add", "arguments": {...}}]}`);
@@ -15,7 +16,12 @@ Prints `ready <port>` on stdout once it listens. Endpoints (OpenAI's shapes):
   assert exactly what reached the model. Without script tool calls, the first turn is final.
   `"x_bench": {"chunks": N, "bytes": B}` in the body answers N content chunks of B bytes each
   (bench/sam_node_bench.py's streaming throughput).
-- `GET  /_records`: every chat request received so far (headers and body), for assertions.
+- `GET  /_records`: every chat request received so far, for assertions: `path`, `headers` (a
+  list of [name, value] pairs, repeats kept), `body` (parsed JSON), and `done` (false until
+  the answer's last byte was sent).
+- `POST /_hold`: from now on a streamed answer sends its first event, then waits (30 s at most)
+  for `POST /_release`, so a test can see a chunk arrive while the upstream still answers.
+- `POST /_release`: lets held streams go on, and ends the hold.
 
 A scripted tool name is matched against the request's `tools`: the exact name, else a
 function whose name ends with `_<name>`, `.<name>`, `/<name>` or `-<name>` (the node may
@@ -88,8 +94,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/_records":
             with self.server.lock:
-                self._json(200, list(self.server.records))
-        elif self.path.rstrip("/") == "/v1/models":
+                self._json(200, self.server.records)
+        elif self.path.rstrip("/").endswith("/v1/models"):
             if self._authorized():
                 self._json(200, {"object": "list", "data": [
                     {"id": "scripted", "object": "model", "created": 0, "owned_by": "test"}]})
@@ -98,7 +104,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):
         raw = self._body()
-        if self.path.rstrip("/") != "/v1/chat/completions":
+        if self.path in ("/_hold", "/_release"):
+            self.server.hold = self.path == "/_hold"
+            (self.server.released.clear if self.server.hold else self.server.released.set)()
+            self._json(200, {})
+            return
+        if not self.path.rstrip("/").endswith("/v1/chat/completions"):
             self._json(404, {"error": {"message": f"no route {self.path}"}})
             return
         try:
@@ -106,9 +117,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
         except ValueError as e:
             self._json(400, {"error": {"message": f"body is not JSON: {e}"}})
             return
+        record = {"path": self.path, "headers": list(self.headers.items()), "body": req,
+                  "done": False}
         with self.server.lock:
-            self.server.records.append({"path": self.path, "headers": dict(self.headers.items()),
-                                        "body": req})
+            self.server.records.append(record)
+        self._answer_chat(req)
+        with self.server.lock:
+            record["done"] = True
+
+    def _answer_chat(self, req):
         if not self._authorized():
             return
         bench = req.get("x_bench")
@@ -178,6 +195,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def _stream(self, req, message, finish):
         self._start_stream()
         self._chunk(req, {"role": "assistant", "content": ""})
+        if self.server.hold:
+            self.server.released.wait(timeout=30)
         if message.get("tool_calls"):
             for i, c in enumerate(message["tool_calls"]):
                 self._chunk(req, {"tool_calls": [{"index": i, "id": c["id"], "type": "function",
@@ -229,6 +248,8 @@ def main():
     srv.api_key = a.api_key
     srv.records = []
     srv.lock = threading.Lock()
+    srv.hold = False
+    srv.released = threading.Event()
     print(f"ready {srv.server_address[1]}", flush=True)
     try:
         srv.serve_forever()

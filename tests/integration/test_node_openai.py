@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from boxlib import AGENT_ID, SamBox, bundle_yaml, wait_for
-from nodelib import ModelServer, SamNode, header_values
+from nodelib import SamNode, free_port, header_values
 from nodelib import model_server, sam_node  # noqa: F401 (fixtures used by name)
 
 OTHER = "x.other.example"        # role others (*.other.example): chat2 only
@@ -22,30 +22,28 @@ KEY = "sk-node-" + secrets.token_hex(8)
 
 
 def node_config(model):
-    return f"""version: v1
-services:
-  - name: chat
-    type: openai
-    target_url: {model.base()}
-    api_key: env://SAM_TEST_MODEL_KEY
-  - name: chat2
-    type: openai
-    target_url: {model.base("/alt")}
-roles:
-  - name: researchers
-    allowed_agents: [{AGENT_ID}]
-    services: [chat, chat2]
-  - name: others
-    allowed_agents: ["*.other.example"]
-    services: [chat2]
-"""
+    return {"version": "v1",
+            "services": [{"name": "chat", "type": "openai", "target_url": model.base(),
+                          "api_key": "env://SAM_TEST_MODEL_KEY"},
+                         {"name": "chat2", "type": "openai", "target_url": model.base("/alt")}],
+            "roles": [{"name": "researchers", "allowed_agents": [AGENT_ID],
+                       "services": ["chat", "chat2"]},
+                      {"name": "others", "allowed_agents": ["*.other.example"],
+                       "services": ["chat2"]}]}
+
+
+def one_service(service, **top):
+    """A config with one service, granted to AGENT_ID; top: more top-level fields."""
+    return {"version": "v1", **top, "services": [service],
+            "roles": [{"name": "r", "allowed_agents": [AGENT_ID],
+                       "services": [service["name"]]}]}
 
 
 @pytest.fixture(scope="module")
 def node(model_server):  # noqa: F811 (pytest fixture)
     n = SamNode(node_config(model_server), env={"SAM_TEST_MODEL_KEY": KEY}).start()
     yield n
-    n.kill()
+    n.close()
 
 
 @pytest.fixture(scope="module")
@@ -94,37 +92,36 @@ def test_models_are_listed_per_grants(node, agent_box):
 
 
 def test_chat_completion_goes_upstream_with_the_node_key(node, agent_box, model_server):  # noqa: F811
-    n = len(model_server.records)
+    n = len(model_server.records())
     status, headers, body = call(
         agent_box, "POST", "/v1/chat/completions",
         headers={"Authorization": "Bearer unused", "X-Sam-Debug": "1"},
         body={"model": "chat", "messages": [{"role": "user", "content": "hi"}]})
     assert status == 200, body
     answer = json.loads(body)
-    assert answer["choices"][0]["message"]["content"] == "hello from /v1/chat/completions"
-    rec = model_server.records[n]
+    assert answer["choices"][0]["message"]["content"] == "FINAL []"  # model_server.py's answer
+    rec = model_server.records()[n]
     assert rec["path"] == "/v1/chat/completions"
-    assert rec["json"]["messages"] == [{"role": "user", "content": "hi"}]
+    assert rec["body"]["messages"] == [{"role": "user", "content": "hi"}]
     # The agent's placeholder never reaches the model server; the node's key does.
     assert header_values(rec, "authorization") == [f"Bearer {KEY}"]
     assert not [k for k, _ in rec["headers"] if k.lower().startswith("x-sam-")], rec["headers"]
 
 
 def test_model_field_selects_the_service(node, agent_box, model_server):  # noqa: F811
-    n = len(model_server.records)
+    n = len(model_server.records())
     status, _, body = call(agent_box, "POST", "/v1/chat/completions",
                            headers={"Authorization": "Bearer unused"},
                            body={"model": "chat2", "messages": []})
     assert status == 200, body
-    rec = model_server.records[n]
+    rec = model_server.records()[n]
     assert rec["path"] == "/alt/v1/chat/completions"
     assert header_values(rec, "authorization") == []  # chat2 has no api_key
 
 
 def test_streamed_chunks_arrive_while_the_upstream_still_answers(agent_box, model_server):  # noqa: F811
-    model_server.hold_stream = True
-    model_server.release.clear()
-    finished = model_server.streams_finished
+    model_server.hold()
+    n = len(model_server.records())
     conn = mesh(agent_box)
     try:
         conn.request("POST", "/v1/chat/completions",
@@ -134,15 +131,16 @@ def test_streamed_chunks_arrive_while_the_upstream_still_answers(agent_box, mode
         assert r.status == 200
         assert r.getheader("Content-Type") == "text/event-stream"
         first = r.readline()
-        assert first.startswith(b"data: ") and b'"first"' in first, first
+        assert first.startswith(b"data: ") and b'"chat.completion.chunk"' in first, first
+        assert b"FINAL" not in first, first
         # The model server is still holding its answer open: the chunk was not buffered.
-        assert model_server.streams_finished == finished
-        model_server.release.set()
+        held = model_server.records()[n:]
+        assert len(held) == 1 and not held[0]["done"], held
+        model_server.release()
         rest = r.read()
-        assert b'"second"' in rest and rest.rstrip().endswith(b"data: [DONE]"), rest
+        assert b'"FINAL []"' in rest and rest.rstrip().endswith(b"data: [DONE]"), rest
     finally:
-        model_server.hold_stream = False
-        model_server.release.set()
+        model_server.release()
         conn.close()
 
 
@@ -150,11 +148,11 @@ def test_spoofed_identity_from_the_sandbox_is_replaced(node, agent_box, model_se
     # OTHER may only use chat2; the box's own identity may use both.
     status, _, body = call(agent_box, "GET", "/v1/models", headers={"X-Sam-Agent": OTHER})
     assert status == 200 and model_ids(body) == ["chat", "chat2"], body
-    n = len(model_server.records)
+    n = len(model_server.records())
     status, _, _ = call(agent_box, "POST", "/v1/chat/completions",
                         headers={"X-Sam-Agent": OTHER}, body={"model": "chat", "messages": []})
     assert status == 200
-    assert header_values(model_server.records[n], "authorization") == [f"Bearer {KEY}"]
+    assert header_values(model_server.records()[n], "authorization") == [f"Bearer {KEY}"]
 
 
 def test_missing_identity_is_401_and_counted(node):
@@ -171,7 +169,7 @@ def test_missing_identity_is_401_and_counted(node):
 
 
 def test_agent_without_a_model_grant_is_refused(node, model_server):  # noqa: F811
-    n = len(model_server.records)
+    n = len(model_server.records())
     status, headers, body = node.request("POST", "/v1/chat/completions", agent=STRANGER,
                                          body={"model": "chat", "messages": []})
     assert status == 403 and headers["sam-node-reason"] == "not-granted", body
@@ -179,7 +177,7 @@ def test_agent_without_a_model_grant_is_refused(node, model_server):  # noqa: F8
                                       body={"model": "chat", "messages": []})
     # OTHER has exactly one model service: an unknown "model" goes to it, not to chat.
     assert status == 200
-    assert [r["path"] for r in model_server.records[n:]] == ["/alt/v1/chat/completions"]
+    assert [r["path"] for r in model_server.records()[n:]] == ["/alt/v1/chat/completions"]
     assert node.metric('sam_node_refusals_total{reason="not-granted"}') >= 1
     text = node.metrics_text()
     assert STRANGER not in text and AGENT_ID not in text
@@ -191,22 +189,15 @@ def test_unknown_route_is_404(node):
 
 
 def test_bad_config_exits_2_naming_the_field(sam_node):  # noqa: F811
-    n = sam_node("version: v1\nservices:\n  - {name: chat, type: openai, target_url: ftp://x}\n",
-                 start=False).spawn()
+    n = sam_node({"version": "v1", "services": [
+        {"name": "chat", "type": "openai", "target_url": "ftp://x"}]}, start=False).spawn()
     assert n.wait_exit() == 2
     assert "services[0].target_url" in n.stderr_text()
 
 
 def test_unreachable_model_server_is_502(sam_node):  # noqa: F811
-    dead = ModelServer()
-    base = dead.base()
-    dead.stop()
-    n = sam_node(f"""version: v1
-services:
-  - {{name: chat, type: openai, target_url: "{base}"}}
-roles:
-  - {{name: r, allowed_agents: ["{AGENT_ID}"], services: [chat]}}
-""")
+    n = sam_node(one_service({"name": "chat", "type": "openai",
+                              "target_url": f"http://127.0.0.1:{free_port()}/v1"}))
     status, headers, body = n.request("POST", "/v1/chat/completions", agent=AGENT_ID,
                                       body={"model": "chat"})
     assert status == 502 and headers["sam-node-reason"] == "upstream-unreachable", body
@@ -254,13 +245,9 @@ class CardServer:
 
 def test_a2a_is_advertised_only_while_its_card_answers(sam_node):  # noqa: F811
     card = CardServer()
-    n = sam_node(f"""version: v1
-services:
-  - {{name: reviewer, type: a2a, target_url: "http://127.0.0.1:{card.port}"}}
-probe_interval_ms: 100
-roles:
-  - {{name: r, allowed_agents: ["{AGENT_ID}"], services: [reviewer]}}
-""")
+    n = sam_node(one_service({"name": "reviewer", "type": "a2a",
+                              "target_url": f"http://127.0.0.1:{card.port}"},
+                             probe_interval_ms=100))
 
     def listed(agent=AGENT_ID):
         return json.loads(n.request("GET", "/a2a", agent=agent)[2])["agents"]

@@ -15,29 +15,19 @@ directly with X-Sam-Agent set as sam-box would (issue 6; docs/sam-node.md).
 Everything is on loopback or Unix sockets.
 """
 
-import http.client
 import http.server
 import json
 import os
 import pathlib
 import secrets
 import shutil
-import signal
-import socket
-import socketserver
-import subprocess
 import tempfile
 import threading
-import time
 
 import pytest
 
 from boxlib import wait_for
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
-SAM_NODE = pathlib.Path(os.environ.get("SAM_NODE", REPO / "build/src/sam-node/sam-node"))
-if not SAM_NODE.is_absolute():
-    SAM_NODE = REPO / SAM_NODE
+from nodelib import SamNode
 
 READER = "reader.test.example"      # role readers: alpha/read, alpha/shared, beta/*; secret
 WRITER = "w1.writers.example"       # role writers (*.writers.example): alpha/* only
@@ -49,13 +39,8 @@ SECRET = "tok-" + secrets.token_hex(12)
 # Loopback servers
 
 
-class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
 def serve(handler_cls):
-    srv = _Server(("127.0.0.1", 0), handler_cls)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler_cls)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv
 
@@ -188,72 +173,28 @@ class McpStandIn:
 # sam-node
 
 
-class UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path, timeout=30):
-        super().__init__("mesh.sam.alt", timeout=timeout)
-        self.unix_path = path
+class Env:
+    """The node under test (nodelib.SamNode) and what stands around it: its files in tmp, the
+    echo servers' ports, the MCP stand-ins. Requests default to READER."""
 
-    def connect(self):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout)
-        s.connect(self.unix_path)
-        self.sock = s
-
-
-class Node:
-    def __init__(self, tmp, config):
-        self.tmp = pathlib.Path(tmp)
-        self.socket = str(self.tmp / "node.sock")
-        (self.tmp / "config.yaml").write_text(config)
-        self.log = open(self.tmp / "node.log", "w+")
-        self.proc = subprocess.Popen(
-            [str(SAM_NODE), "run", "--socket-path", self.socket,
-             "--config", str(self.tmp / "config.yaml"), "--data-dir", str(self.tmp)],
-            stdout=subprocess.DEVNULL, stderr=self.log)
-        wait_for(self._up, timeout=20, what="sam-node's socket")
-
-    def _up(self):
-        if self.proc.poll() is not None:
-            raise AssertionError(f"sam-node exited {self.proc.returncode}: {self.logs()}")
-        try:
-            self.request("GET", "/", agent=READER)
-            return True
-        except OSError:
-            return False
-
-    def logs(self):
-        self.log.flush()
-        return (self.tmp / "node.log").read_text()
+    def __init__(self, tmp, node, echo_port, other_port, alpha, beta):
+        self.tmp, self.node = tmp, node
+        self.echo_port, self.other_port = echo_port, other_port
+        self.alpha, self.beta = alpha, beta
 
     def request(self, method, path, body=None, agent=READER, headers=None):
-        conn = UnixHTTPConnection(self.socket)
-        try:
-            h = dict(headers or {})
-            if agent is not None:
-                h["X-Sam-Agent"] = agent
-            data = None
-            if body is not None:
-                data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-                h["Content-Type"] = "application/json"
-            conn.request(method, path, body=data, headers=h)
-            r = conn.getresponse()
-            return r.status, dict(r.getheaders()), r.read()
-        finally:
-            conn.close()
+        return self.node.request(method, path, agent=agent, headers=headers, body=body,
+                                 timeout=30)
 
     def post_json(self, path, body, agent=READER):
         status, headers, data = self.request("POST", path, body, agent=agent)
         return status, headers, json.loads(data) if data else None
 
+    def logs(self):
+        return self.node.stderr_text()
+
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        return self.node.stop(timeout=30)
 
 
 RUNNER = """#!/bin/sh
@@ -284,52 +225,35 @@ def env():
     runner.write_text(RUNNER.format(tmp=tmp))
     runner.chmod(0o755)
     echo_port, other_port = echo.server_address[1], other.server_address[1]
-    config = f"""version: v1
-services:
-  - name: alpha
-    type: mcp
-    target_url: {alpha.url}
-  - name: beta
-    type: mcp
-    target_url: {beta.url}
-secrets:
-  - name: api-token
-    ref: file://{tmp}/api-token
-spawn:
-  - name: worker
-    bundle: {tmp}/bundle.yaml
-    backend: host
-    command: [sleep, "600"]
-  - name: broken
-    bundle: {tmp}/bundle.yaml
-    backend: host
-    command: [fail]
-runner: {runner}
-roles:
-  - name: readers
-    allowed_agents: [{READER}]
-    services: [alpha, beta]
-    tools: ["alpha/read", "alpha/shared", "beta/*"]
-    spawn: [worker, broken]
-    secrets:
-      - name: api-token
-        destinations: ["localhost:{echo_port}"]
-  - name: writers
-    allowed_agents: ["*.writers.example"]
-    services: [alpha]
-    tools: ["alpha/*"]
-"""
-    node = Node(tmp, config)
-    node.echo_port, node.other_port = echo_port, other_port
-    node.alpha, node.beta = alpha, beta
+    config = {
+        "version": "v1",
+        "services": [{"name": "alpha", "type": "mcp", "target_url": alpha.url},
+                     {"name": "beta", "type": "mcp", "target_url": beta.url}],
+        "secrets": [{"name": "api-token", "ref": f"file://{tmp}/api-token"}],
+        "spawn": [{"name": "worker", "bundle": f"{tmp}/bundle.yaml", "backend": "host",
+                   "command": ["sleep", "600"]},
+                  {"name": "broken", "bundle": f"{tmp}/bundle.yaml", "backend": "host",
+                   "command": ["fail"]}],
+        "runner": str(runner),
+        "roles": [{"name": "readers", "allowed_agents": [READER], "services": ["alpha", "beta"],
+                   "tools": ["alpha/read", "alpha/shared", "beta/*"],
+                   "spawn": ["worker", "broken"],
+                   "secrets": [{"name": "api-token",
+                                "destinations": [f"localhost:{echo_port}"]}]},
+                  {"name": "writers", "allowed_agents": ["*.writers.example"],
+                   "services": ["alpha"], "tools": ["alpha/*"]}]}
+    node = None
     try:
-        yield node
+        node = SamNode(config, metrics=False)
+        yield Env(pathlib.Path(tmp), node.start(), echo_port, other_port, alpha, beta)
     finally:
         alpha.stop.set()
         beta.stop.set()
-        node.stop()
+        if node is not None:
+            node.close(grace=30)  # SIGTERM first: sam-node stops the runners it started
         for srv in (echo, other, alpha.server, beta.server):
             srv.shutdown()
+            srv.server_close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

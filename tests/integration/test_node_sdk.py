@@ -12,25 +12,20 @@ Everything runs in the BOX namespace of conftest.py or in the sandboxes' own nam
 nothing leaves loopback. The npm packages come from scripts/install-deps.
 """
 
-import http.client
 import json
-import os
 import pathlib
 import re
 import secrets
-import select
 import shutil
-import socket
 import subprocess
-import tempfile
-import threading
-import time
 
 import pytest
 
-from boxlib import bundle_yaml, netns_connect, netns_free_port, wait_for
+from boxlib import bundle_yaml, netns_free_port, wait_for
 from nano_fixtures import (dummy_boundary, nano, nano_command, nano_has_netstack,  # noqa: F401
                            nano_tmp, run_nano)
+from nodelib import ModelServer, ReadyProc, header_values
+from nodelib import sam_node  # noqa: F401 (fixture used by name)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 HARNESS = REPO / "examples/agent-harness/harness.mjs"
@@ -42,164 +37,6 @@ REVIEWER = "reviewer.c1.acme.example"          # serves code-reviewer; no role n
 MODEL_KEY = "sk-upstream-" + secrets.token_hex(8)
 MCP_SERVICE = "notes"
 AGENT_PORT = 8080  # the port a2a_agent.mjs binds inside sandbox A (bundle `serves`)
-
-
-SAM_NODE = pathlib.Path(os.environ.get("SAM_NODE", REPO / "build/src/sam-node/sam-node"))
-if not SAM_NODE.is_absolute():
-    SAM_NODE = REPO / SAM_NODE
-
-
-# ---------------------------------------------------------------------------------------
-# Processes in the BOX namespace
-
-
-class BoxProc:
-    """A server started in BOX with `ip netns exec` that prints `ready <port>` first; later
-    stdout lines are kept (lines()), stderr too (for failure messages)."""
-
-    def __init__(self, topo, argv, env=None):
-        self.topo, self.argv = topo, [str(a) for a in argv]
-        self.env = {**os.environ, **(env or {})}
-        self.proc, self.port = None, None
-        self._out, self._err = [], []
-
-    def start(self, timeout=20):
-        self.proc = subprocess.Popen(["ip", "netns", "exec", self.topo.box, *self.argv],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=self.env)
-        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline().decode() if r else ""
-        if not line.startswith("ready "):
-            self.stop()
-            raise AssertionError(f"{self.argv[:2]} did not start: {line!r} "
-                                 f"{self.proc.stderr.read().decode(errors='replace')}")
-        self.port = int(line.split()[1])
-        for stream, sink in ((self.proc.stdout, self._out), (self.proc.stderr, self._err)):
-            threading.Thread(target=self._drain, args=(stream, sink), daemon=True).start()
-        return self
-
-    @staticmethod
-    def _drain(stream, sink):
-        for raw in stream:
-            sink.append(raw.decode("utf-8", "replace").rstrip("\n"))
-
-    def lines(self):
-        return list(self._out)
-
-    def stderr_text(self):
-        return "\n".join(self._err)
-
-    def get_json(self, path):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        c.sock = netns_connect(self.topo.box, ("127.0.0.1", self.port))
-        c.request("GET", path)
-        resp = c.getresponse()
-        body = resp.read()
-        c.close()
-        assert resp.status == 200, (path, resp.status, body)
-        return json.loads(body)
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-
-
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path, timeout=10):
-        super().__init__("sam-node", timeout=timeout)
-        self.path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.path)
-
-
-class SamNode:
-    """`sam-node run` in BOX (so that it reaches BOX's loopback, where the model server, the
-    MCP server and the serving sam-box's --ingress-listen are), with a metrics port."""
-
-    def __init__(self, topo, config, env=None):
-        if not SAM_NODE.exists():
-            pytest.fail(f"sam-node not found at {SAM_NODE} (cmake --build build --target "
-                        "sam-node, or set SAM_NODE)")
-        self.topo = topo
-        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="node-", dir=topo.tmp))
-        self.socket_path = str(self.dir / "node.sock")
-        (self.dir / "node.yaml").write_text(config)
-        self.metrics_port = netns_free_port(topo.box)
-        self.argv = [str(SAM_NODE), "run", "--socket-path", self.socket_path, "--config",
-                     str(self.dir / "node.yaml"), "--data-dir", str(self.dir),
-                     "--metrics-addr", f"127.0.0.1:{self.metrics_port}", "--log-level", "debug"]
-        self.env = {**os.environ, **(env or {})}
-        self.proc, self._err = None, []
-
-    def start(self, timeout=20):
-        self.proc = subprocess.Popen(["ip", "netns", "exec", self.topo.box, *self.argv],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, env=self.env)
-        threading.Thread(target=BoxProc._drain, args=(self.proc.stderr, self._err),
-                         daemon=True).start()
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                time.sleep(0.1)  # let the reader thread take the last lines
-                raise AssertionError(f"sam-node exited with {self.proc.returncode}:\n"
-                                     f"{self.stderr_text()}")
-            try:
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                s.connect(self.socket_path)
-                s.close()
-                return self
-            except OSError:
-                s.close()
-            if time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"sam-node not ready after {timeout}s:\n"
-                                     f"{self.stderr_text()}")
-            time.sleep(0.02)
-
-    def stderr_text(self):
-        return "\n".join(self._err)
-
-    def request(self, method, path, agent=None, body=None, headers=None):
-        """One request on the API socket, as sam-box would send it; returns (status, body)."""
-        c = _UnixHTTPConnection(self.socket_path)
-        h = {"Host": "mesh.sam.alt", **(headers or {})}
-        if agent is not None:
-            h["X-Sam-Agent"] = agent
-        c.request(method, path, body=body, headers=h)
-        resp = c.getresponse()
-        data = resp.read()
-        c.close()
-        return resp.status, data
-
-    def metric(self, series):
-        """The value of one series on /metrics (e.g. 'x{a="b"}'), or None if absent."""
-        c = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=5)
-        c.sock = netns_connect(self.topo.box, ("127.0.0.1", self.metrics_port))
-        c.request("GET", "/metrics")
-        text = c.getresponse().read().decode()
-        c.close()
-        for line in text.splitlines():
-            if line.startswith(series + " "):
-                return float(line.split()[-1])
-        return None
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -224,69 +61,56 @@ def node_bin():
 
 
 def node_config(model_port, mcp_port, a2a_port=None, probe_ms=200):
-    a2a = ""
+    services = [{"name": "chat", "type": "openai",
+                 "target_url": f"http://127.0.0.1:{model_port}/v1",
+                 "api_key": "env://SAM_TEST_MODEL_KEY"},
+                {"name": MCP_SERVICE, "type": "mcp",
+                 "target_url": f"http://127.0.0.1:{mcp_port}/mcp"}]
     if a2a_port is not None:
-        a2a = f"""
-  - name: code-reviewer
-    type: a2a
-    target_url: http://127.0.0.1:{a2a_port}"""
-    return f"""version: v1
-probe_interval_ms: {probe_ms}
-services:
-  - name: chat
-    type: openai
-    target_url: http://127.0.0.1:{model_port}/v1
-    api_key: env://SAM_TEST_MODEL_KEY
-  - name: {MCP_SERVICE}
-    type: mcp
-    target_url: http://127.0.0.1:{mcp_port}/mcp{a2a}
-roles:
-  - name: researchers
-    allowed_agents: [{RESEARCHER}]
-    services: [chat, {MCP_SERVICE}{", code-reviewer" if a2a_port is not None else ""}]
-    tools: ["{MCP_SERVICE}/add", "{MCP_SERVICE}/read_note"]
-  - name: operators
-    allowed_agents: ["*.ops.acme.example"]
-    services: [chat, {MCP_SERVICE}]
-    tools: ["{MCP_SERVICE}/*"]
-"""
+        services.append({"name": "code-reviewer", "type": "a2a",
+                         "target_url": f"http://127.0.0.1:{a2a_port}"})
+    return {"version": "v1", "probe_interval_ms": probe_ms, "services": services,
+            "roles": [{"name": "researchers", "allowed_agents": [RESEARCHER],
+                       "services": ["chat", MCP_SERVICE]
+                       + (["code-reviewer"] if a2a_port is not None else []),
+                       "tools": [f"{MCP_SERVICE}/add", f"{MCP_SERVICE}/read_note"]},
+                      {"name": "operators", "allowed_agents": ["*.ops.acme.example"],
+                       "services": ["chat", MCP_SERVICE], "tools": [f"{MCP_SERVICE}/*"]}]}
 
 
 class Mesh:
-    """The servers behind one node: model server, MCP server, sam-node (all in BOX)."""
+    """The servers behind one node, all in BOX (so that sam-node reaches BOX's loopback, where
+    the model server, the MCP server and the serving sam-box's --ingress-listen are)."""
 
-    def __init__(self, topo, node_bin, script, a2a_port=None):
-        self.topo = topo
-        server = REPO / "tests/integration/model_server.py"
-        self.model = BoxProc(topo, ["/usr/bin/python3", server, "--script", json.dumps(script),
-                                    "--api-key", MODEL_KEY]).start()
-        self.mcp = BoxProc(topo, [node_bin, str(JS / "mcp_server.mjs"), "0"]).start()
-        self.node = SamNode(topo, node_config(self.model.port, self.mcp.port, a2a_port),
-                            env={"SAM_TEST_MODEL_KEY": MODEL_KEY}).start()
+    def __init__(self, model, mcp, node):
+        self.model, self.mcp, self.node = model, mcp, node
 
     def model_records(self):
-        return self.model.get_json("/_records")
+        return self.model.records()
 
     def mcp_calls(self):
         return [json.loads(line)["call"] for line in self.mcp.lines() if line.startswith("{")]
 
-    def stop(self):
-        for p in (self.node, self.mcp, self.model):
-            p.stop()
-
 
 @pytest.fixture
-def mesh(topo, node_bin, nano):
-    made = []
+def mesh(topo, node_bin, nano, sam_node):  # noqa: F811 (pytest fixture)
+    """A factory: mesh(script, a2a_port=None) -> Mesh; everything stopped after the test."""
+    servers = []
 
     def make(script, a2a_port=None):
-        m = Mesh(topo, node_bin, script, a2a_port)
-        made.append(m)
-        return m
+        model = ModelServer(script, api_key=MODEL_KEY, netns=topo.box)
+        servers.append(model)
+        model.start()
+        mcp = ReadyProc([node_bin, JS / "mcp_server.mjs", "0"], netns=topo.box)
+        servers.append(mcp)
+        mcp.start()
+        node = sam_node(node_config(model.port, mcp.port, a2a_port), netns=topo.box,
+                        env={"SAM_TEST_MODEL_KEY": MODEL_KEY}, args=["--log-level", "debug"])
+        return Mesh(model, mcp, node)
 
     yield make
-    for m in made:
-        m.stop()
+    for p in servers:
+        p.stop()
 
 
 def agent_box(sam_box, mesh_, agent_id, **kw):
@@ -331,8 +155,7 @@ def test_harness_runs_the_tool_loop_through_the_node(mesh, sam_box, node_bin, st
     records = m.model_records()
     assert len(records) == 2, records
     for rec in records:
-        auth = {k.lower(): v for k, v in rec["headers"].items()}.get("authorization")
-        assert auth == f"Bearer {MODEL_KEY}", rec["headers"]
+        assert header_values(rec, "authorization") == [f"Bearer {MODEL_KEY}"], rec["headers"]
         assert bool(rec["body"].get("stream")) == stream
     offered = sorted(bare(t["function"]["name"]) for t in records[0]["body"]["tools"])
     assert offered == ["add", "read_note"]
@@ -422,7 +245,7 @@ class ServingSandbox:
 
 
 def listed(m, agent=RESEARCHER):
-    status, body = m.node.request("GET", "/a2a", agent=agent)
+    status, _, body = m.node.request("GET", "/a2a", agent=agent)
     assert status == 200, (status, body)
     return [a["name"] for a in json.loads(body)["agents"]]
 
