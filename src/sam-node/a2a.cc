@@ -1,6 +1,7 @@
 // /a2a: agents that serve (seed 003, "Agents that serve"). A service is advertised only while
 // its card probe succeeds: readiness is observed, never assumed.
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -20,12 +21,49 @@ constexpr std::string_view kMeshBase = "http://mesh.sam.alt/a2a/";
 // Agent cards are small; a larger answer is not a card.
 constexpr size_t kMaxCardBytes = size_t{1} << 20;
 
-// The card as the caller must see it: every URL it advertises points back through the node.
-void rewriteCard(nlohmann::json& card, const std::string& mesh_url) {
-  if (card.contains("url")) card["url"] = mesh_url;
-  if (card.contains("additionalInterfaces") && card["additionalInterfaces"].is_array())
-    for (auto& iface : card["additionalInterfaces"])
-      if (iface.is_object() && iface.contains("url")) iface["url"] = mesh_url;
+// `url` as the caller must see it: scheme, host and port become the node's mesh address of
+// the service, the rest (path below the service's target_url, query) is kept, so an agent
+// serving below "/" keeps working. "http://127.0.0.1:8080/" -> "<mesh_base>/"; a URL whose
+// path lies under the target_url's own path loses that prefix (the proxy adds it back). A
+// value that is not an absolute URL is left as the agent wrote it.
+std::string meshUrl(std::string_view url, std::string_view target_path,
+                    const std::string& mesh_base) {
+  const auto scheme_end = url.find("://");
+  if (scheme_end == std::string_view::npos) return std::string(url);
+  const auto rest_at = url.find_first_of("/?#", scheme_end + 3);
+  std::string_view rest = rest_at == std::string_view::npos ? "" : url.substr(rest_at);
+  if (!target_path.empty() && rest.starts_with(target_path) &&
+      (rest.size() == target_path.size() || rest[target_path.size()] == '/' ||
+       rest[target_path.size()] == '?' || rest[target_path.size()] == '#'))
+    rest.remove_prefix(target_path.size());
+  return mesh_base + std::string(rest);
+}
+
+// The path of a target_url ("http://h:1/base/" -> "/base"), without a trailing '/'.
+std::string_view targetPath(std::string_view target_url) {
+  const auto scheme_end = target_url.find("://");
+  if (scheme_end == std::string_view::npos) return {};
+  const auto path_at = target_url.find('/', scheme_end + 3);
+  if (path_at == std::string_view::npos) return {};
+  std::string_view path = target_url.substr(path_at);
+  while (!path.empty() && path.back() == '/') path.remove_suffix(1);
+  return path;
+}
+
+// The card as the caller must see it: every address it advertises points back through the
+// node. Pre-1.0 cards carry `url` and `additionalInterfaces[].url`; A2A v1.0 cards (what
+// @a2a-js/sdk 1.x serves) carry `supportedInterfaces[].url`. Other URLs in the card
+// (provider, documentation, icons) are not addresses of the agent and stay as they are.
+void rewriteCard(nlohmann::json& card, std::string_view target_url, const std::string& mesh_base) {
+  const std::string_view target_path = targetPath(target_url);
+  auto rewrite = [&](nlohmann::json& holder) {
+    if (holder.is_object() && holder.contains("url") && holder["url"].is_string())
+      holder["url"] = meshUrl(holder["url"].get_ref<const std::string&>(), target_path, mesh_base);
+  };
+  rewrite(card);
+  for (const char* list : {"additionalInterfaces", "supportedInterfaces"})
+    if (card.contains(list) && card[list].is_array())
+      for (auto& iface : card[list]) rewrite(iface);
 }
 
 }  // namespace
@@ -37,6 +75,7 @@ struct A2aDirectory::Impl {
   std::condition_variable wake;
   std::map<std::string, bool, std::less<>> ready;
   bool stopping = false;
+  std::atomic<bool> cancel{false};  // set with `stopping`: abandons a probe in flight
   std::thread thread;
 
   bool probe(const Service& s) const {
@@ -46,6 +85,8 @@ struct A2aDirectory::Impl {
     const auto interval = node.config.probe_interval;
     up.connect_timeout = std::min(interval, std::chrono::milliseconds(2000));
     up.total_timeout = std::max(interval, std::chrono::milliseconds(1000));
+    up.cancel = &cancel;
+    up.fresh_connection = true;  // readiness is whether the agent accepts a connection now
     try {
       const UpstreamResponse r = fetch(up, kMaxCardBytes);
       if (r.status != 200) return false;
@@ -87,6 +128,7 @@ A2aDirectory::~A2aDirectory() {
     std::lock_guard lock(impl_->mu);
     impl_->stopping = true;
   }
+  impl_->cancel = true;
   impl_->wake.notify_all();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
@@ -156,7 +198,7 @@ void A2aDirectory::serve(const Request& req, ResponseWriter& out) {
     }
     auto card = nlohmann::json::parse(r.body, nullptr, false);
     if (r.status == 200 && card.is_object()) {
-      rewriteCard(card, std::string(kMeshBase) + name);
+      rewriteCard(card, service->target_url, std::string(kMeshBase) + name);
       r.body = card.dump();
       node.metrics.request(kRoute, "allowed");
       out.send(200, r.headers, r.body);  // the writer sets the new length

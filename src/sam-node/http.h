@@ -3,7 +3,12 @@
 // node serves the few sam-box connections of one host, and a blocking handler keeps each
 // route (proxy, MCP, probe) a plain function. Requests are parsed by llhttp; bodies are
 // buffered up to kMaxRequestBody; responses may be streamed (Transfer-Encoding: chunked).
+//
+// Stopping: stop() shuts the client sockets down and raises a flag that handlers see through
+// stopRequested(); upstream transfers (upstream.h) poll it, so a handler waiting on a silent
+// upstream gives up within about a second and serve() returns.
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <optional>
@@ -18,6 +23,28 @@ namespace samnode {
 inline constexpr size_t kMaxRequestBody = size_t{16} * 1024 * 1024;
 /// Most connections served at once; the next one is answered 503 and closed.
 inline constexpr size_t kMaxConnections = 256;
+/// A keep-alive connection with no request for this long is closed (refusal reason
+/// "idle-timeout"). The node's clients are the host's sam-boxes, which reconnect on demand;
+/// the limit only reclaims threads of boxes that went away without closing. Also bounds each
+/// wait for more bytes of a request body.
+inline constexpr std::chrono::milliseconds kIdleTimeout = std::chrono::minutes(5);
+/// A request head (request line and fields) must be complete this long after its first byte,
+/// else 408 and close (refusal reason "request-head-timeout"): a client trickling a head
+/// (slowloris) holds a thread for at most this long.
+inline constexpr std::chrono::milliseconds kRequestHeadTimeout = std::chrono::seconds(30);
+
+/// The server's connection limits; tests shorten them.
+struct ServerLimits {
+  std::chrono::milliseconds idle_timeout = kIdleTimeout;
+  std::chrono::milliseconds head_timeout = kRequestHeadTimeout;
+};
+
+/// Told the kebab-case reason of every request or connection the server itself refuses or
+/// closes at a limit ("malformed-request", "head-too-large", "body-too-large",
+/// "too-many-connections", "upgrade-not-supported", "idle-timeout", "request-head-timeout");
+/// the node counts them in
+/// sam_node_refusals_total. Called from connection threads: must be thread-safe.
+using RefusalCounter = std::function<void(std::string_view reason)>;
 
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
@@ -43,9 +70,11 @@ class ResponseWriter {
   virtual ~ResponseWriter() = default;
   /// Complete response with Content-Length.
   virtual bool send(int status, const Headers& headers, std::string_view body) = 0;
-  /// Starts a response. `content_length` set: exactly that many body bytes follow;
-  /// unset: the body is sent chunked. Hop-by-hop fields in `headers` (Connection,
-  /// Transfer-Encoding, Content-Length, Keep-Alive) are dropped; the writer sets its own.
+  /// Starts a response. `content_length` set: exactly that many body bytes follow, and a
+  /// non-empty body's head is held back to go out with the first write() (one wake-up of the
+  /// client per response); unset: the body is sent chunked and the head goes out at once.
+  /// Hop-by-hop fields in `headers` (Connection, Transfer-Encoding, Content-Length,
+  /// Keep-Alive) are dropped; the writer sets its own.
   virtual bool begin(int status, const Headers& headers, std::optional<size_t> content_length) = 0;
   /// Sends body bytes now (no buffering beyond the socket's).
   virtual bool write(std::string_view data) = 0;
@@ -57,17 +86,25 @@ class ResponseWriter {
 
 using Handler = std::function<void(const Request&, ResponseWriter&)>;
 
+/// True while the calling thread serves a request of an HttpServer whose stop() was called;
+/// false on any other thread. Long work inside a handler polls it to give up promptly.
+bool stopRequested();
+
 /// Serves `handler` on a Unix socket at `socket_path` (mode 0600). Throws std::runtime_error
-/// naming the path and errno if it cannot bind.
+/// naming the path and errno if it cannot bind. `refusals` (optional) counts what the server
+/// refuses on its own; `limits` are the idle and request-head timeouts.
 class HttpServer {
  public:
-  HttpServer(std::string socket_path, Handler handler);
+  HttpServer(std::string socket_path, Handler handler, RefusalCounter refusals = {},
+             ServerLimits limits = {});
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
-  /// Accepts until stop(); returns after every connection thread has finished.
+  /// Accepts until stop(); returns after every connection thread has finished (handlers
+  /// blocked on an upstream transfer give up within about a second of stop()).
   void serve();
-  /// Thread- and async-signal-safe: makes serve() return.
+  /// Thread- and async-signal-safe: makes serve() return; stopRequested() turns true on the
+  /// connection threads.
   void stop();
 
  private:

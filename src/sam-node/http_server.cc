@@ -3,15 +3,19 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <set>
+#include <span>
 #include <stdexcept>
 #include <thread>
 
@@ -26,6 +30,11 @@ namespace {
 constexpr size_t kMaxHeadBytes = size_t{64} * 1024;
 constexpr size_t kReadBuffer = size_t{64} * 1024;
 
+using Clock = std::chrono::steady_clock;
+
+// The stop flag of the server whose connection this thread serves (stopRequested()).
+thread_local const std::atomic<bool>* tl_stopping = nullptr;
+
 bool iequals(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -38,66 +47,38 @@ bool iequals(std::string_view a, std::string_view b) {
 }
 
 std::string_view reasonPhrase(int status) {
-  switch (status) {
-    case 100:
-      return "Continue";
-    case 200:
-      return "OK";
-    case 201:
-      return "Created";
-    case 202:
-      return "Accepted";
-    case 204:
-      return "No Content";
-    case 206:
-      return "Partial Content";
-    case 301:
-      return "Moved Permanently";
-    case 302:
-      return "Found";
-    case 304:
-      return "Not Modified";
-    case 307:
-      return "Temporary Redirect";
-    case 308:
-      return "Permanent Redirect";
-    case 400:
-      return "Bad Request";
-    case 401:
-      return "Unauthorized";
-    case 403:
-      return "Forbidden";
-    case 404:
-      return "Not Found";
-    case 405:
-      return "Method Not Allowed";
-    case 408:
-      return "Request Timeout";
-    case 409:
-      return "Conflict";
-    case 413:
-      return "Content Too Large";
-    case 415:
-      return "Unsupported Media Type";
-    case 422:
-      return "Unprocessable Content";
-    case 429:
-      return "Too Many Requests";
-    case 431:
-      return "Request Header Fields Too Large";
-    case 500:
-      return "Internal Server Error";
-    case 501:
-      return "Not Implemented";
-    case 502:
-      return "Bad Gateway";
-    case 503:
-      return "Service Unavailable";
-    case 504:
-      return "Gateway Timeout";
-    default:
-      return "Status";
-  }
+  static constexpr std::pair<int, std::string_view> kPhrases[] = {
+      {100, "Continue"},
+      {200, "OK"},
+      {201, "Created"},
+      {202, "Accepted"},
+      {204, "No Content"},
+      {206, "Partial Content"},
+      {301, "Moved Permanently"},
+      {302, "Found"},
+      {304, "Not Modified"},
+      {307, "Temporary Redirect"},
+      {308, "Permanent Redirect"},
+      {400, "Bad Request"},
+      {401, "Unauthorized"},
+      {403, "Forbidden"},
+      {404, "Not Found"},
+      {405, "Method Not Allowed"},
+      {408, "Request Timeout"},
+      {409, "Conflict"},
+      {413, "Content Too Large"},
+      {415, "Unsupported Media Type"},
+      {422, "Unprocessable Content"},
+      {429, "Too Many Requests"},
+      {431, "Request Header Fields Too Large"},
+      {500, "Internal Server Error"},
+      {501, "Not Implemented"},
+      {502, "Bad Gateway"},
+      {503, "Service Unavailable"},
+      {504, "Gateway Timeout"}};
+  for (const auto& [code, phrase] : kPhrases)
+    if (code == status) return phrase;
+  return "Status";
 }
 
 // Fields the writer owns (RFC 9110 §7.6.1 connection-specific fields and framing).
@@ -108,17 +89,38 @@ bool isHopByHop(std::string_view name) {
   return false;
 }
 
-bool writeAll(int fd, std::string_view data) {
-  while (!data.empty()) {
-    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+// Sends every byte of `parts` in as few syscalls as the socket takes (one, for a response
+// that fits its buffer): the client wakes once per response instead of once per piece.
+constexpr size_t kMaxParts = 4;
+
+bool writeAll(int fd, std::span<const std::string_view> parts) {
+  iovec iov[kMaxParts];
+  size_t count = 0;
+  for (std::string_view p : parts.first(std::min(parts.size(), kMaxParts)))
+    if (!p.empty()) iov[count++] = {const_cast<char*>(p.data()), p.size()};  // NOLINT: C API
+  size_t first = 0;
+  while (first < count) {
+    msghdr msg{};
+    msg.msg_iov = iov + first;
+    msg.msg_iovlen = count - first;
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
       return false;
     }
-    data.remove_prefix(static_cast<size_t>(n));
+    while (first < count && static_cast<size_t>(n) >= iov[first].iov_len) {
+      n -= static_cast<ssize_t>(iov[first].iov_len);
+      ++first;
+    }
+    if (first < count) {
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + n;
+      iov[first].iov_len -= static_cast<size_t>(n);
+    }
   }
   return true;
 }
+
+bool writeAll(int fd, std::string_view data) { return writeAll(fd, std::span(&data, 1)); }
 
 class ConnWriter : public ResponseWriter {
  public:
@@ -154,35 +156,36 @@ class ConnWriter : public ResponseWriter {
     }
     out += keep_alive_ ? (http10_ ? "Connection: keep-alive\r\n" : "") : "Connection: close\r\n";
     out += "\r\n";
-    return ok_ = writeAll(fd_, out);
+    // A head announcing a length goes out with the first body bytes (one wake-up of the client
+    // per response); a streamed (chunked) head goes now, so the client sees the answer start
+    // even if the first event takes a while.
+    pending_head_ = std::move(out);
+    if (!content_length || *content_length == 0 || no_body_) return flushHead();
+    return true;
   }
 
   bool write(std::string_view data) override {
     if (!started_ || finished_ || !ok_) return false;
-    if (data.empty()) return true;
-    if (no_body_) return true;
+    if (data.empty() || no_body_) return flushHead();
     if (remaining_) {
       if (data.size() > *remaining_) return ok_ = false;  // more than announced: a bug upstream
       *remaining_ -= data.size();
-      return ok_ = writeAll(fd_, data);
+      return send({data});
     }
     if (chunked_) {
       char size[32];
       const int n = std::snprintf(size, sizeof size, "%zx\r\n", data.size());
-      std::string frame(size, static_cast<size_t>(n));
-      frame.append(data);
-      frame += "\r\n";
-      return ok_ = writeAll(fd_, frame);
+      return send({std::string_view(size, static_cast<size_t>(n)), data, "\r\n"});
     }
-    return ok_ = writeAll(fd_, data);
+    return send({data});
   }
 
   bool finish() override {
     if (!started_ || finished_ || !ok_) return false;
     finished_ = true;
     if (remaining_ && *remaining_ != 0 && !no_body_) return ok_ = false;
-    if (chunked_) return ok_ = writeAll(fd_, "0\r\n\r\n");
-    return true;
+    if (chunked_) return send({"0\r\n\r\n"});
+    return flushHead();
   }
 
   [[nodiscard]] bool started() const override { return started_; }
@@ -190,10 +193,25 @@ class ConnWriter : public ResponseWriter {
   [[nodiscard]] bool reusable() const { return ok_ && finished_ && keep_alive_; }
 
  private:
+  // Sends the head if it is still held back, followed by `parts`, in one go.
+  bool send(std::initializer_list<std::string_view> parts) {
+    if (!ok_) return false;
+    std::string_view pieces[kMaxParts];
+    size_t n = 0;
+    if (!pending_head_.empty()) pieces[n++] = pending_head_;
+    for (std::string_view p : parts)
+      if (n < kMaxParts) pieces[n++] = p;
+    ok_ = writeAll(fd_, std::span<const std::string_view>(pieces, n));
+    pending_head_.clear();
+    return ok_;
+  }
+  bool flushHead() { return pending_head_.empty() ? ok_ : send({}); }
+
   int fd_;
   bool keep_alive_, http10_, head_;
   bool started_ = false, finished_ = false, ok_ = true, chunked_ = false, no_body_ = false;
   std::optional<size_t> remaining_;
+  std::string pending_head_;  // the head, until the first body bytes go with it
 };
 
 // Parser state of one connection; llhttp calls back into it.
@@ -204,6 +222,9 @@ struct Parse {
   bool head_too_large = false;
   bool body_too_large = false;
   bool complete = false;
+  bool in_message = false;     // a request's first byte arrived, its last one not yet
+  bool head_complete = false;  // ... and its head is complete
+  Clock::time_point head_started;
   int fd = -1;
 
   static Parse& of(llhttp_t* p) { return *static_cast<Parse*>(p->data); }
@@ -220,6 +241,9 @@ int onMessageBegin(llhttp_t* p) {
   s.in_value = false;
   s.head_bytes = 0;
   s.complete = false;
+  s.in_message = true;
+  s.head_complete = false;
+  s.head_started = Clock::now();
   return 0;
 }
 
@@ -251,6 +275,7 @@ int onHeaderValue(llhttp_t* p, const char* at, size_t len) {
 
 int onHeadersComplete(llhttp_t* p) {
   Parse& s = Parse::of(p);
+  s.head_complete = true;
   s.req.method = llhttp_method_name(static_cast<llhttp_method_t>(p->method));
   // A declared length over the cap is refused before any of the body is read.
   if ((p->flags & F_CONTENT_LENGTH) != 0 && p->content_length > kMaxRequestBody) {
@@ -275,6 +300,7 @@ int onBody(llhttp_t* p, const char* at, size_t len) {
 
 int onMessageComplete(llhttp_t* p) {
   Parse::of(p).complete = true;
+  Parse::of(p).in_message = false;
   return HPE_PAUSED;  // handle this request before parsing a pipelined next one
 }
 
@@ -303,9 +329,15 @@ bool sendJson(ResponseWriter& out, int status, const std::string& json) {
   return out.send(status, {{"Content-Type", "application/json"}}, json);
 }
 
+bool stopRequested() { return tl_stopping != nullptr && tl_stopping->load(); }
+
 struct HttpServer::Impl {
+  Impl(std::string p, Handler h, RefusalCounter r, ServerLimits l)
+      : path(std::move(p)), handler(std::move(h)), refusals(std::move(r)), limits(l) {}
   std::string path;
   Handler handler;
+  RefusalCounter refusals;
+  ServerLimits limits;
   common::UniqueFd listener;
   common::UniqueFd wake_read, wake_write;
   std::mutex mu;
@@ -314,7 +346,55 @@ struct HttpServer::Impl {
   std::atomic<bool> stopping{false};
 
   void serveConnection(common::UniqueFd fd);
+  // Logs a refusal (or a connection closed at a limit) and counts it.
+  void refused(std::string_view what, std::string_view reason, const nlohmann::json& detail = {}) {
+    nlohmann::json fields = {{"reason", reason}};
+    if (detail.is_object()) fields.update(detail);
+    common::log::warn(what, fields);
+    if (refusals) refusals(reason);
+  }
+  // Waits for bytes from `fd` until the limit that applies now: the head deadline while a
+  // request head is incomplete, else the idle limit. False if the limit passed (answered and
+  // counted here) or the socket failed.
+  bool awaitBytes(int fd, const Parse& state);
 };
+
+bool HttpServer::Impl::awaitBytes(int fd, const Parse& state) {
+  const bool in_head = state.in_message && !state.head_complete;
+  std::chrono::milliseconds limit = limits.idle_timeout;
+  if (in_head)
+    limit = std::max(std::chrono::milliseconds(0),
+                     std::chrono::duration_cast<std::chrono::milliseconds>(
+                         state.head_started + limits.head_timeout - Clock::now()));
+  const auto deadline = Clock::now() + limit;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left, 0, INT32_MAX)));
+    if (ready > 0) return true;
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) return false;
+    break;
+  }
+  if (in_head) {
+    refused("request refused", "request-head-timeout", {{"limit_ms", limits.head_timeout.count()}});
+    sendError(
+        fd, 408,
+        "request head not complete within " + std::to_string(limits.head_timeout.count()) + " ms");
+  } else if (state.in_message) {
+    refused("request refused", "idle-timeout", {{"limit_ms", limits.idle_timeout.count()}});
+    sendError(fd, 408,
+              "request body stalled for " + std::to_string(limits.idle_timeout.count()) + " ms");
+  } else {
+    // Between requests a close is the ordinary end of keep-alive (RFC 9112 §9.5): no answer,
+    // and nothing to warn about.
+    common::log::info("connection closed",
+                      {{"reason", "idle-timeout"}, {"limit_ms", limits.idle_timeout.count()}});
+    if (refusals) refusals("idle-timeout");
+  }
+  return false;
+}
 
 void HttpServer::Impl::serveConnection(common::UniqueFd fd) {
   llhttp_settings_t settings;
@@ -331,10 +411,12 @@ void HttpServer::Impl::serveConnection(common::UniqueFd fd) {
   Parse state;
   state.fd = fd.get();
   parser.data = &state;
+  tl_stopping = &stopping;
 
   std::string buffer(kReadBuffer, '\0');
   bool open = true;
   while (open && !stopping.load()) {
+    if (!awaitBytes(fd.get(), state)) break;
     const ssize_t n = ::recv(fd.get(), buffer.data(), buffer.size(), 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -370,32 +452,34 @@ void HttpServer::Impl::serveConnection(common::UniqueFd fd) {
       if (err == HPE_PAUSED_UPGRADE) {
         // No protocol upgrade here (RFC 9110 §7.8: a server may ignore Upgrade, but the
         // bytes after the head would be the other protocol's): refuse and close.
+        refused("request refused", "upgrade-not-supported");
         sendError(fd.get(), 400, "protocol upgrade is not supported");
       } else if (state.body_too_large) {
-        common::log::warn("request refused", {{"reason", "body-too-large"}});
+        refused("request refused", "body-too-large");
         sendError(fd.get(), 413,
                   "request body larger than " + std::to_string(kMaxRequestBody) + " bytes");
       } else if (state.head_too_large) {
-        common::log::warn("request refused", {{"reason", "head-too-large"}});
+        refused("request refused", "head-too-large");
         sendError(fd.get(), 431,
                   "request head larger than " + std::to_string(kMaxHeadBytes) + " bytes");
       } else {
         const char* reason = llhttp_get_error_reason(&parser);
-        common::log::warn("request refused",
-                          {{"reason", "malformed-request"}, {"detail", reason ? reason : ""}});
+        refused("request refused", "malformed-request", {{"detail", reason ? reason : ""}});
         sendError(fd.get(), 400, std::string("malformed request: ") + (reason ? reason : ""));
       }
       open = false;
     }
   }
+  tl_stopping = nullptr;
   std::lock_guard lock(mu);
   conns.erase(fd.get());
   fd.reset();
   if (conns.empty()) idle.notify_all();
 }
 
-HttpServer::HttpServer(std::string socket_path, Handler handler)
-    : impl_(new Impl{std::move(socket_path), std::move(handler), {}, {}, {}, {}, {}, {}, {}}) {
+HttpServer::HttpServer(std::string socket_path, Handler handler, RefusalCounter refusals,
+                       ServerLimits limits)
+    : impl_(new Impl(std::move(socket_path), std::move(handler), std::move(refusals), limits)) {
   auto& im = *impl_;
   auto failWith = [&](const std::string& what) {
     const std::string msg = im.path + ": " + what + ": " + std::strerror(errno);
@@ -460,8 +544,7 @@ void HttpServer::serve() {
     std::unique_lock lock(im.mu);
     if (im.conns.size() >= kMaxConnections) {
       lock.unlock();
-      common::log::warn("connection refused",
-                        {{"reason", "too-many-connections"}, {"limit", kMaxConnections}});
+      im.refused("connection refused", "too-many-connections", {{"limit", kMaxConnections}});
       sendError(conn.get(), 503, "too many connections");
       continue;
     }

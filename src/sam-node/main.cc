@@ -90,10 +90,12 @@ int run(const Options& opts) {
     samnode::McpAggregator mcp(*node);
     samnode::A2aDirectory a2a(*node);
     samnode::Operations ops(*node);
-    samnode::HttpServer server(opts.socket_path,
-                               [&](const samnode::Request& req, samnode::ResponseWriter& out) {
-                                 samnode::dispatch(*node, mcp, a2a, ops, req, out);
-                               });
+    samnode::HttpServer server(
+        opts.socket_path,
+        [&](const samnode::Request& req, samnode::ResponseWriter& out) {
+          samnode::dispatch(*node, mcp, a2a, ops, req, out);
+        },
+        [&](std::string_view reason) { node->metrics.refusal(reason); });
     a2a.start();
     std::thread signals([&] {
       int sig = 0;

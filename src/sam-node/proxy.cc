@@ -1,6 +1,8 @@
 #include "sam-node/proxy.h"
 
+#include <charconv>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "common/log.h"
 
@@ -23,6 +25,21 @@ bool dropped(std::string_view name) {
                              "upgrade", "proxy-connection", "expect"})
     if (name.size() == h.size() && startsWithIgnoreCase(name, h)) return true;
   return startsWithIgnoreCase(name, "x-sam-");
+}
+
+// The body length the upstream announced, when its framing is a plain Content-Length (RFC 9112
+// §6.3): the client then gets the same framing, and the head goes out together with the body.
+// A chunked or close-delimited answer (event streams), or a length that is not one decimal
+// number, is re-framed chunked.
+std::optional<size_t> announcedLength(const Headers& headers) {
+  if (findHeader(headers, "transfer-encoding")) return std::nullopt;
+  const auto value = findHeader(headers, "content-length");
+  if (!value || value->empty()) return std::nullopt;
+  size_t length = 0;
+  const char* end = value->data() + value->size();
+  const auto [at, ec] = std::from_chars(value->data(), end, length);
+  if (ec != std::errc() || at != end) return std::nullopt;
+  return length;
 }
 
 }  // namespace
@@ -58,9 +75,12 @@ void proxyStream(Node& node, const Request& req, ResponseWriter& out, std::strin
     complete = stream(
         up,
         [&](int status, const Headers& headers) {
-          return out.begin(status, headers, std::nullopt);
+          return out.begin(status, headers, announcedLength(headers));
         },
         [&](std::string_view data) { return out.write(data); });
+  } catch (const UpstreamCancelled& e) {
+    upstreamFailed(node, req, out, route, service, "node-stopping", e.what());
+    return;
   } catch (const UpstreamError& e) {
     upstreamFailed(node, req, out, route, service, "upstream-unreachable", e.what());
     return;

@@ -15,10 +15,12 @@ namespace samnode {
 /// (Authorization from a secret, X-Sam-Caller).
 Headers forwardableHeaders(const Headers& headers);
 
-/// Sends `up` and streams the response to `out` (chunked). Before the response head: an
+/// Sends `up` and streams the response to `out` as it arrives: with the upstream's
+/// Content-Length when it announced one, else chunked. Before the response head: an
 /// unreachable upstream is answered 502 {"error": {"type": "sam_node_upstream", ...}}, logged
 /// and counted as sam_node_requests_total{route, "error"}; otherwise counted "allowed". After
-/// the head, a failure ends the chunked body early (the client sees a truncated stream).
+/// the head, a failure ends the body early and the connection is closed (the client sees a
+/// truncated body).
 void proxyStream(Node& node, const Request& req, ResponseWriter& out, std::string_view route,
                  std::string_view service, const UpstreamRequest& up);
 

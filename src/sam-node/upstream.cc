@@ -6,6 +6,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 namespace samnode {
 namespace {
@@ -36,13 +37,57 @@ void globalInit() {
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
 
+// Idle easy handles, most recently used last (its connections are the likeliest to be alive).
+class HandlePool {
+ public:
+  CURL* take() {
+    {
+      std::lock_guard lock(mu_);
+      if (!idle_.empty()) {
+        CURL* h = idle_.back();
+        idle_.pop_back();
+        return h;
+      }
+    }
+    globalInit();
+    return curl_easy_init();
+  }
+
+  // Options are cleared here, not at the next take(): they point into the finished request
+  // (headers list, body, error buffer). Open connections stay with the handle.
+  void give(CURL* h) {
+    curl_easy_reset(h);
+    {
+      std::lock_guard lock(mu_);
+      if (idle_.size() < kMaxIdleHandles) {
+        idle_.push_back(h);
+        return;
+      }
+    }
+    curl_easy_cleanup(h);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<CURL*> idle_;
+};
+
+// Never destroyed: a transfer may still finish on another thread while the process exits;
+// the kernel closes the pooled connections.
+HandlePool& pool() {
+  static auto* p = new HandlePool;
+  return *p;
+}
+
 struct Transfer {
   const std::function<bool(int, const Headers&)>* on_head = nullptr;
   const std::function<bool(std::string_view)>* on_data = nullptr;
+  const std::atomic<bool>* cancel = nullptr;
   int status = 0;
   Headers headers;
   bool head_done = false;
-  bool aborted = false;  // a callback said stop
+  bool aborted = false;    // a callback said stop
+  bool cancelled = false;  // the server is stopping, or the caller's cancel flag
   std::exception_ptr error;
 
   bool deliverHead() {
@@ -106,18 +151,29 @@ size_t onWrite(char* data, size_t size, size_t count, void* user) {
   return n;
 }
 
+// Called by libcurl at least once a second during a transfer, and on progress.
+int onProgress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  auto& t = *static_cast<Transfer*>(user);
+  if (stopRequested() || (t.cancel != nullptr && t.cancel->load())) {
+    t.cancelled = true;
+    return 1;  // CURLE_ABORTED_BY_CALLBACK
+  }
+  return 0;
+}
+
 }  // namespace
 
 bool stream(const UpstreamRequest& request, const std::function<bool(int, const Headers&)>& on_head,
             const std::function<bool(std::string_view)>& on_data) {
-  globalInit();
-  std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> curl(curl_easy_init(), curl_easy_cleanup);
+  auto giveBack = [](CURL* h) { pool().give(h); };
+  std::unique_ptr<CURL, decltype(giveBack)> curl(pool().take(), giveBack);
   if (!curl) throw UpstreamError("cannot create a libcurl handle");
   CURL* h = curl.get();
   char errbuf[CURL_ERROR_SIZE] = {};
   Transfer t;
   t.on_head = &on_head;
   t.on_data = &on_data;
+  t.cancel = request.cancel;
 
   std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)> list(nullptr, curl_slist_free_all);
   auto append = [&](const std::string& line) {
@@ -139,6 +195,8 @@ bool stream(const UpstreamRequest& request, const std::function<bool(int, const 
   curl_easy_setopt(h, CURLOPT_URL, request.url.c_str());
   curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);  // a redirect is the caller's answer
+  curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, request.fresh_connection ? 1L : 0L);
+  curl_easy_setopt(h, CURLOPT_FORBID_REUSE, request.fresh_connection ? 1L : 0L);
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
@@ -149,6 +207,9 @@ bool stream(const UpstreamRequest& request, const std::function<bool(int, const 
   curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, onWrite);
   curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
+  curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, onProgress);
+  curl_easy_setopt(h, CURLOPT_XFERINFODATA, &t);
   if (request.method == "HEAD") {
     curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
   } else if (request.method == "GET" && request.body.empty()) {
@@ -170,6 +231,7 @@ bool stream(const UpstreamRequest& request, const std::function<bool(int, const 
     return true;
   }
   if (t.aborted) return false;
+  if (t.cancelled && !t.head_done) throw UpstreamCancelled("cancelled: the node is stopping");
   if (!t.head_done) {
     throw UpstreamError(std::string(curl_easy_strerror(rc)) + (errbuf[0] ? ": " : "") + errbuf);
   }

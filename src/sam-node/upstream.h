@@ -1,9 +1,22 @@
 #pragma once
 // HTTP client for the node's upstreams (model endpoints, MCP servers, a2a boundaries, secret-use
 // destinations), on libcurl: http and https, chunked decoding, redirects never followed.
+//
+// Connections are kept alive between requests: finished transfers return their libcurl easy
+// handle (and with it the handle's open connections) to a small process-wide pool of at most
+// kMaxIdleHandles, and the next transfer takes the most recently used one. A pooled handle is
+// used by one thread at a time (libcurl does not support sharing one connection cache between
+// concurrent threads, CURLSHOPT_SHARE(3)); an idle connection the upstream closed is noticed
+// by libcurl before reuse, and a request on a reused connection that dies before any answer is
+// retried once on a fresh one.
+//
+// A transfer is given up within about a second (libcurl calls the progress callback at least
+// once a second) when the thread serves a request of a stopping HttpServer (stopRequested(),
+// http.h) or when the request's `cancel` flag is set.
 
 #include "sam-node/http.h"
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <stdexcept>
@@ -18,6 +31,13 @@ class UpstreamError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// The transfer was abandoned before the response head because the node is stopping
+/// (stopRequested()) or the request's `cancel` flag was set.
+class UpstreamCancelled : public UpstreamError {
+ public:
+  using UpstreamError::UpstreamError;
+};
+
 struct UpstreamRequest {
   std::string method = "GET";
   std::string url;  ///< absolute http:// or https:// URL
@@ -25,7 +45,17 @@ struct UpstreamRequest {
   std::string body;
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds total_timeout{300000};  ///< whole exchange; 0 = none
+  /// Optional: once it reads true the transfer is abandoned (UpstreamCancelled before the
+  /// response head, an early end after it). Must outlive the call.
+  const std::atomic<bool>* cancel = nullptr;
+  /// A new connection for this request, closed after it: for readiness probes, where a
+  /// kept-alive connection could outlive the listener it was opened to.
+  bool fresh_connection = false;
 };
+
+/// Most idle libcurl handles (each with its open upstream connections) kept for reuse; one
+/// more finished transfer than this closes its handle and connections.
+inline constexpr size_t kMaxIdleHandles = 32;
 
 struct UpstreamResponse {
   int status = 0;
@@ -40,8 +70,8 @@ UpstreamResponse fetch(const UpstreamRequest& request, size_t max_body);
 /// Performs the request, calling `on_head(status, headers)` once the response head is in and
 /// `on_data(bytes)` for each piece of (de-chunked) body as it arrives. Either callback
 /// returning false aborts the transfer (no exception). Throws UpstreamError if the
-/// upstream fails before on_head was called; after that, a failure ends the stream early
-/// and returns false. Returns true if the whole body arrived.
+/// upstream fails before on_head was called (UpstreamCancelled if it was abandoned); after that, a
+/// failure ends the stream early and returns false. Returns true if the whole body arrived.
 bool stream(const UpstreamRequest& request, const std::function<bool(int, const Headers&)>& on_head,
             const std::function<bool(std::string_view)>& on_data);
 

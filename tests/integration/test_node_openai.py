@@ -259,8 +259,8 @@ def test_a2a_is_advertised_only_while_its_card_answers(sam_node):  # noqa: F811
     assert n.metric('sam_node_a2a_ready{service="reviewer"}') == 1
     status, _, body = n.request("GET", "/a2a/reviewer/.well-known/agent-card.json", agent=AGENT_ID)
     got = json.loads(body)
-    assert status == 200 and got["url"] == "http://mesh.sam.alt/a2a/reviewer", got
-    assert got["additionalInterfaces"][0]["url"] == "http://mesh.sam.alt/a2a/reviewer"
+    assert status == 200 and got["url"] == "http://mesh.sam.alt/a2a/reviewer/", got
+    assert got["additionalInterfaces"][0]["url"] == "http://mesh.sam.alt/a2a/reviewer/"
     assert card.callers[-1] == AGENT_ID
     status, _, body = n.request("GET", "/a2a/reviewer/tasks/1?x=2", agent=AGENT_ID)
     assert status == 200 and json.loads(body) == {"path": "/tasks/1?x=2"}

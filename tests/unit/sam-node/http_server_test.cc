@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "common/unique_fd.h"
@@ -25,12 +26,18 @@ using ::testing::StartsWith;
 // A real server on a real socket in a fresh directory, serving from its own thread.
 class Served {
  public:
-  explicit Served(Handler handler) {
+  explicit Served(Handler handler, ServerLimits limits = {}) {
     dir_ = std::filesystem::temp_directory_path() /
            ("sam-node-http-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
     std::filesystem::create_directories(dir_);
     path_ = (dir_ / "api.sock").string();
-    server_ = std::make_unique<HttpServer>(path_, std::move(handler));
+    server_ = std::make_unique<HttpServer>(
+        path_, std::move(handler),
+        [this](std::string_view reason) {
+          std::lock_guard lock(mu_);
+          refusals_.emplace_back(reason);
+        },
+        limits);
     thread_ = std::thread([this] { server_->serve(); });
   }
   ~Served() {
@@ -40,6 +47,11 @@ class Served {
     std::filesystem::remove_all(dir_);
   }
   [[nodiscard]] const std::string& path() const { return path_; }
+  /// The reasons the server reported to its refusal counter so far.
+  [[nodiscard]] std::vector<std::string> refusals() const {
+    std::lock_guard lock(mu_);
+    return refusals_;
+  }
 
   [[nodiscard]] common::UniqueFd connect() const {
     common::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -52,6 +64,8 @@ class Served {
 
  private:
   static inline int counter_ = 0;
+  mutable std::mutex mu_;
+  std::vector<std::string> refusals_;
   std::filesystem::path dir_;
   std::string path_;
   std::unique_ptr<HttpServer> server_;
@@ -235,6 +249,49 @@ TEST(HttpServerTest, StopEndsIdleKeepAliveConnections) {
   readUntil(fd.get(), [](const std::string& b) { return b.find("}") != b.npos; });
   s.reset();  // returns only once the idle connection's thread has ended
   EXPECT_EQ(readToEof(fd.get()), "");
+}
+
+TEST(HttpServerTest, SendWithLengthArrivesWhole) {
+  Served s([](const Request&, ResponseWriter& out) {
+    ASSERT_TRUE(out.begin(200, {{"Content-Type", "text/plain"}}, 5));
+    ASSERT_TRUE(out.write("he"));
+    ASSERT_TRUE(out.write("llo"));
+    ASSERT_TRUE(out.finish());
+  });
+  auto fd = s.connect();
+  sendAll(fd.get(), "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string all = readToEof(fd.get());
+  EXPECT_THAT(all, StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(all, HasSubstr("Content-Length: 5\r\n"));
+  EXPECT_THAT(all, Not(HasSubstr("chunked")));
+  EXPECT_THAT(all, testing::EndsWith("\r\n\r\nhello"));
+}
+
+TEST(HttpServerTest, IdleKeepAliveConnectionIsClosedAtTheIdleLimit) {
+  Served s(echo(), {.idle_timeout = std::chrono::milliseconds(200)});
+  auto fd = s.connect();
+  sendAll(fd.get(), "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  // The answer, then the server's close once the connection has idled past the limit.
+  EXPECT_THAT(readToEof(fd.get()), StartsWith("HTTP/1.1 200 OK"));
+  EXPECT_THAT(s.refusals(), testing::ElementsAre("idle-timeout"));
+}
+
+TEST(HttpServerTest, SlowRequestHeadIs408AtTheHeadLimit) {
+  Served s(echo(), {.head_timeout = std::chrono::milliseconds(300)});
+  auto fd = s.connect();
+  sendAll(fd.get(), "GET / HTTP/1.1\r\nHost: x\r\nX-Slow");  // and nothing more
+  const std::string answer = readToEof(fd.get());
+  EXPECT_THAT(answer, StartsWith("HTTP/1.1 408 "));
+  EXPECT_THAT(answer, HasSubstr("request head not complete"));
+  EXPECT_THAT(s.refusals(), testing::ElementsAre("request-head-timeout"));
+}
+
+TEST(HttpServerTest, MalformedRequestIsCountedAsARefusal) {
+  Served s(echo());
+  auto fd = s.connect();
+  sendAll(fd.get(), "GARBAGE \x01\r\n\r\n");
+  EXPECT_THAT(readToEof(fd.get()), StartsWith("HTTP/1.1 400 "));
+  EXPECT_THAT(s.refusals(), testing::ElementsAre("malformed-request"));
 }
 
 TEST(HttpServerTest, FindHeaderIgnoresCase) {

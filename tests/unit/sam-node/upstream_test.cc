@@ -1,0 +1,167 @@
+#include "sam-node/upstream.h"
+
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "common/unique_fd.h"
+#include "sam-node/http.h"
+
+namespace samnode {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Generous: only keeps a broken build from hanging the test run; never a timed assertion.
+constexpr auto kDeadline = std::chrono::seconds(60);
+
+common::UniqueFd listenLoopback(uint16_t& port) {
+  common::UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  EXPECT_EQ(::listen(fd.get(), 16), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+  port = ntohs(addr.sin_port);
+  return fd;
+}
+
+// A real HTTP/1.1 upstream on loopback that answers every GET "ok" on keep-alive connections
+// and counts the connections it accepted.
+class KeepAliveUpstream {
+ public:
+  KeepAliveUpstream() : listener_(listenLoopback(port_)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~KeepAliveUpstream() {
+    stop_ = true;
+    thread_.join();
+  }
+  [[nodiscard]] std::string url() const {
+    return "http://127.0.0.1:" + std::to_string(port_) + "/x";
+  }
+  [[nodiscard]] int accepted() const { return accepted_.load(); }
+
+ private:
+  void run() {
+    std::vector<common::UniqueFd> conns;
+    std::vector<std::string> pending;
+    while (!stop_) {
+      std::vector<pollfd> fds{{listener_.get(), POLLIN, 0}};
+      for (const auto& c : conns) fds.push_back({c.get(), POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), 50) <= 0) continue;
+      if ((fds[0].revents & POLLIN) != 0) {
+        conns.emplace_back(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+        pending.emplace_back();
+        ++accepted_;
+      }
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if ((fds[i].revents & (POLLIN | POLLHUP)) == 0) continue;
+        char buf[4096];
+        const ssize_t n = ::recv(fds[i].fd, buf, sizeof buf, 0);
+        if (n <= 0) continue;  // closed: stays in the list, polled as HUP, harmless here
+        std::string& got = pending[i - 1];
+        got.append(buf, static_cast<size_t>(n));
+        for (auto end = got.find("\r\n\r\n"); end != std::string::npos;
+             end = got.find("\r\n\r\n")) {
+          got.erase(0, end + 4);
+          const std::string answer = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+          ::send(fds[i].fd, answer.data(), answer.size(), MSG_NOSIGNAL);
+        }
+      }
+    }
+  }
+
+  uint16_t port_ = 0;
+  common::UniqueFd listener_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> accepted_{0};
+  std::thread thread_;
+};
+
+TEST(UpstreamTest, ConnectionIsKeptAliveAcrossRequestsAndThreads) {
+  KeepAliveUpstream upstream;
+  UpstreamRequest req;
+  req.url = upstream.url();
+  EXPECT_EQ(fetch(req, 1024).body, "ok");
+  EXPECT_EQ(fetch(req, 1024).body, "ok");
+  // A later transfer on another thread takes the pooled handle, and its connection, too.
+  std::thread([&] { EXPECT_EQ(fetch(req, 1024).body, "ok"); }).join();
+  EXPECT_EQ(upstream.accepted(), 1);
+}
+
+TEST(UpstreamTest, CancelFlagAbandonsATransferToASilentUpstream) {
+  uint16_t port = 0;
+  const auto silent = listenLoopback(port);  // accepts (the kernel does) and never answers
+  std::atomic<bool> cancel{false};
+  UpstreamRequest req;
+  req.url = "http://127.0.0.1:" + std::to_string(port) + "/";
+  req.cancel = &cancel;
+  auto done = std::async(std::launch::async, [&] { return fetch(req, 1024); });
+  cancel = true;
+  ASSERT_EQ(done.wait_for(kDeadline), std::future_status::ready);
+  try {
+    done.get();
+    FAIL() << "a silent upstream answered";
+  } catch (const UpstreamError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cancelled"));
+  }
+}
+
+TEST(UpstreamTest, ServerStopAbandonsAHandlerWaitingOnASilentUpstream) {
+  uint16_t port = 0;
+  const auto silent = listenLoopback(port);
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("sam-node-upstream-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "api.sock").string();
+  std::promise<void> waiting;
+  std::promise<std::string> outcome;
+  HttpServer server(path, [&](const Request&, ResponseWriter& out) {
+    UpstreamRequest req;
+    req.url = "http://127.0.0.1:" + std::to_string(port) + "/";  // 300 s total timeout
+    waiting.set_value();
+    try {
+      fetch(req, 1024);
+      outcome.set_value("answered");
+    } catch (const UpstreamError& e) {
+      outcome.set_value(e.what());
+    }
+    sendJson(out, 502, "{}");
+  });
+  auto serving = std::async(std::launch::async, [&] { server.serve(); });
+
+  common::UniqueFd client(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  ASSERT_EQ(::connect(client.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string request = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(client.get(), request.data(), request.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(request.size()));
+  ASSERT_EQ(waiting.get_future().wait_for(kDeadline), std::future_status::ready);
+
+  server.stop();
+  ASSERT_EQ(serving.wait_for(kDeadline), std::future_status::ready)
+      << "serve() still waits for the handler";
+  EXPECT_THAT(outcome.get_future().get(), HasSubstr("cancelled"));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace samnode
