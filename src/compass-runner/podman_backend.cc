@@ -76,6 +76,7 @@ class PodmanBackend final : public Backend {
           "runs as uid 1000 in a user namespace of its own, never as host root)");
     }
     if (spec.command.empty()) throw RunnerError("no command to run");
+    validateSidecar(spec);
     const std::string conf = containersConfPath();
     writeContainersConf(conf);
     verifyNoPastaForwards(containersConfCandidates(std::getenv("CONTAINERS_CONF"), conf));
@@ -93,6 +94,33 @@ class PodmanBackend final : public Backend {
                                             : " (no registry is reachable: build or import it)"));
     }
     image_checked_ = image;
+  }
+
+  // --sidecar-socket is for the agent's sam-box: it must name a socket that exists now (a
+  // typo would otherwise surface only inside the sandbox, as a refused mesh.sam.alt), only
+  // the boundary posture has a sam-box, and without a bundle the box asserts no identity,
+  // so the node would refuse every request.
+  static void validateSidecar(const AgentSpec& spec) {
+    if (spec.sidecar_socket.empty()) return;
+    if (spec.egress.value_or(Posture::kBoundary) == Posture::kFirewall) {
+      throw RunnerError(
+          "--sidecar-socket: egress firewall has no boundary to reach the node "
+          "through (mesh.sam.alt is served by sam-box); use --egress boundary");
+    }
+    struct stat st {};
+    if (::stat(spec.sidecar_socket.c_str(), &st) != 0) {
+      throw RunnerError("--sidecar-socket " + spec.sidecar_socket + ": " + std::strerror(errno) +
+                        " (start the node first: sam-node run --socket-path " +
+                        spec.sidecar_socket + " --config FILE)");
+    }
+    if (!S_ISSOCK(st.st_mode)) {
+      throw RunnerError("--sidecar-socket " + spec.sidecar_socket + ": not a Unix socket");
+    }
+    if (spec.bundle_path.empty()) {
+      throw RunnerError(
+          "--sidecar-socket needs --bundle: without an agent identity the boundary refuses "
+          "mesh.sam.alt (no-agent-identity), so the node could never be reached");
+    }
   }
 
   Started start(const AgentSpec& spec) override {

@@ -14,6 +14,7 @@ import pathlib
 import re
 import select
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -434,6 +435,28 @@ def test_refuses_a_missing_image_and_a_rootfs_that_is_no_directory(image):
         link.symlink_to("/")
         r = run_agent("true", extra=("--rootfs", str(link)))
         assert r.returncode != 0 and "host's root directory" in r.stderr, r.stderr
+
+
+def test_refuses_a_sidecar_socket_that_cannot_reach_a_node(image, tmp_path):
+    """A wrong --sidecar-socket would otherwise show only inside the sandbox, as a refused
+    mesh.sam.alt: the runner refuses it before anything starts."""
+    bundle = tmp_path / "bundle.yaml"
+    bundle.write_text("version: v1\nagent:\n  id: a.example\n  external_id: a\n")
+    missing = tmp_path / "node.sock"
+    r = run_agent("true", extra=("--bundle", str(bundle), "--sidecar-socket", str(missing)))
+    assert r.returncode == 2, r.stderr
+    assert str(missing) in r.stderr and "sam-node run --socket-path" in r.stderr, r.stderr
+    plain = tmp_path / "plain-file"
+    plain.write_text("")
+    r = run_agent("true", extra=("--bundle", str(bundle), "--sidecar-socket", str(plain)))
+    assert r.returncode == 2 and "not a Unix socket" in r.stderr, r.stderr
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(missing))
+        r = run_agent("true", extra=("--sidecar-socket", str(missing)))
+        assert r.returncode == 2 and "needs --bundle" in r.stderr, r.stderr
+        r = run_agent("true", extra=("--bundle", str(bundle), "--sidecar-socket", str(missing),
+                                     "--egress", "firewall"))
+        assert r.returncode == 2 and "--egress boundary" in r.stderr, r.stderr
 
 
 def test_refuses_when_containers_conf_enables_a_pasta_forward(image):
