@@ -56,6 +56,14 @@ std::string scalar(const YAML::Node& node, const std::string& field) {
   return node.Scalar();
 }
 
+// Only the two YAML 1.2 core spellings: yaml-cpp would also take "yes", "on", "y"..., and a
+// security switch should read the same to every reader of the file.
+bool boolean(const YAML::Node& node, const std::string& field) {
+  if (node.IsScalar() && node.Tag() != "!" && (node.Scalar() == "true" || node.Scalar() == "false"))
+    return node.Scalar() == "true";
+  fail(field, "must be true or false");
+}
+
 std::string requiredString(const YAML::Node& map, const char* key, const std::string& field) {
   const YAML::Node node = map[key];
   if (!node) fail(field + "." + key, "is required");
@@ -154,7 +162,7 @@ Service parseService(const YAML::Node& node, const std::string& field) {
 }
 
 SecretDecl parseSecret(const YAML::Node& node, const std::string& field) {
-  checkKeys(node, field, {"name", "ref", "header", "format"});
+  checkKeys(node, field, {"name", "ref", "header", "format", "allow_http"});
   SecretDecl s;
   s.name = label(node, field);
   s.ref = requiredString(node, "ref", field);
@@ -170,6 +178,7 @@ SecretDecl parseSecret(const YAML::Node& node, const std::string& field) {
     for (char c : s.format)
       if (c == '\r' || c == '\n' || c == '\0') fail(field + ".format", "must be one line");
   }
+  if (node["allow_http"]) s.allow_http = boolean(node["allow_http"], field + ".allow_http");
   return s;
 }
 

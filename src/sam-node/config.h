@@ -36,6 +36,9 @@ struct SecretDecl {
   std::string ref;                       ///< file://, env://, keyring:// or a bare name
   std::string header = "Authorization";  ///< a token (RFC 9110 field name)
   std::string format = "Bearer {}";      ///< exactly one "{}"
+  /// secret-use may send it over http:// (clear text) to its granted destinations; false:
+  /// https:// only. YAML `allow_http: true|false`.
+  bool allow_http = false;
 };
 
 struct SpawnTemplate {

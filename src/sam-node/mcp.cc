@@ -3,6 +3,7 @@
 // node can see different tool lists"). Upstream sessions are MCP client sessions of the node.
 
 #include "common/log.h"
+#include "sam-node/json_limits.h"
 #include "sam-node/mcp_wire.h"
 #include "sam-node/node.h"
 #include "sam-node/upstream.h"
@@ -199,9 +200,13 @@ class UpstreamClient {
       }
       for (auto& event : events) {
         if (!event.type.empty() && event.type != "message") continue;
-        json parsed = json::parse(event.data, nullptr, false);
-        if (!parsed.is_discarded() && mcp::isResponseTo(parsed, id)) {
-          ex.response = std::move(parsed);
+        UntrustedJson parsed = parseUntrustedJson(event.data);
+        if (parsed.failure == UntrustedJson::kTooDeep) {
+          ex.detail = "an SSE event is " + parsed.why;
+          return false;  // a hostile server: its answer is not used
+        }
+        if (parsed.ok() && mcp::isResponseTo(parsed.value, id)) {
+          ex.response = std::move(parsed.value);
           return false;  // ours is in: no need to wait for the server to close the stream
         }
       }
@@ -214,11 +219,11 @@ class UpstreamClient {
       throw McpUpstreamError("mcp service " + service_.name + " unreachable: " + e.what());
     }
     if (ex.status == 200 && !sse && !id.is_null()) {
-      json parsed = json::parse(body, nullptr, false);
-      if (parsed.is_discarded()) {
-        ex.detail = "response body is not JSON";
-      } else if (mcp::isResponseTo(parsed, id)) {
-        ex.response = std::move(parsed);
+      UntrustedJson parsed = parseUntrustedJson(body);
+      if (!parsed.ok()) {
+        ex.detail = "response body is " + parsed.why;
+      } else if (mcp::isResponseTo(parsed.value, id)) {
+        ex.response = std::move(parsed.value);
       } else {
         ex.detail = "response is not the JSON-RPC response to our request";
       }
@@ -499,12 +504,16 @@ struct McpAggregator::Impl {
                  "unsupported MCP-Protocol-Version \"" + *version + "\"");
       return;
     }
-    json value = json::parse(req.body, nullptr, false);
-    if (value.is_discarded()) {
+    UntrustedJson parsed = parseUntrustedJson(req.body);
+    if (parsed.failure == UntrustedJson::kSyntax) {
       badMessage(req, out, nullptr, mcp::kParseError, "the body is not valid JSON");
       return;
     }
-    mcp::Message msg = mcp::classify(value);
+    if (parsed.failure == UntrustedJson::kTooDeep) {
+      badMessage(req, out, nullptr, mcp::kInvalidRequest, "the body is " + parsed.why);
+      return;
+    }
+    mcp::Message msg = mcp::classify(parsed.value);
     if (msg.kind == mcp::MessageKind::kInvalid) {
       badMessage(req, out, msg.id, mcp::kInvalidRequest, msg.why);
       return;

@@ -5,6 +5,7 @@
 #include "common/log.h"
 #include "common/unique_fd.h"
 #include "policy/name.h"
+#include "sam-node/json_limits.h"
 #include "sam-node/node.h"
 #include "sam-node/spawn_child.h"
 #include "sam-node/upstream.h"
@@ -69,8 +70,9 @@ class BadField : public std::runtime_error {
 };
 
 struct Destination {
-  std::string url;   ///< as curl normalized it
-  std::string host;  ///< normalized name
+  std::string url;     ///< as curl normalized it
+  bool https = false;  ///< false: http
+  std::string host;    ///< normalized name
   uint16_t port = 0;
 };
 
@@ -116,7 +118,7 @@ Destination parseDestination(const std::string& url) {
   curl_url_set(u.get(), CURLUPART_FRAGMENT, nullptr, 0);  // never sent on the wire
   auto full = part(CURLUPART_URL, 0);
   if (!full) throw BadField("request.url: cannot be rebuilt");
-  return {*full, *name, static_cast<uint16_t>(port_number)};
+  return {*full, *scheme == "https", *name, static_cast<uint16_t>(port_number)};
 }
 
 const json& member(const json& object, std::string_view key, std::string_view field) {
@@ -130,6 +132,7 @@ const json& member(const json& object, std::string_view key, std::string_view fi
 struct Operations::Impl {
   explicit Impl(Node& n) : node(n) {}
   Node& node;
+  PendingSpawns pending;
   SpawnedRunners runners;
 
   void denied(const Request& req, ResponseWriter& out, std::string_view op, int status,
@@ -166,6 +169,14 @@ struct Operations::Impl {
                 {{"caller", req.agent}, {"template", name}, {"decision", "denied"}});
       denied(req, out, "spawn", 403, "spawn-not-granted",
              "agent " + req.agent + " may not spawn template \"" + name + "\"");
+      return;
+    }
+    std::string busy;
+    std::optional<PendingSpawns::Slot> slot = pending.tryAcquire(req.agent, &busy);
+    if (!slot) {
+      log::warn("spawn refused",
+                {{"caller", req.agent}, {"template", name}, {"decision", "denied"}});
+      denied(req, out, "spawn", 429, "spawn-busy", busy + "; try again once one has answered");
       return;
     }
     const SpawnTemplate& tmpl = *node.config.spawnTemplate(name);
@@ -220,7 +231,8 @@ struct Operations::Impl {
     Destination dest = parseDestination(url.get<std::string>());
     up.url = dest.url;
 
-    const SecretDecl* decl = node.config.secret(secret);
+    // Only the agent's own input is checked before the grant: nothing refused here may depend
+    // on the secret's declaration, or an agent without the grant learns which secrets exist.
     if (auto h = request.find("headers"); h != request.end() && !h->is_null()) {
       if (!h->is_object()) throw BadField("request.headers: must be an object of strings");
       for (const auto& [key, value] : h->items()) {
@@ -234,9 +246,6 @@ struct Operations::Impl {
             kReservedHeaders.end()) {
           throw BadField(field + ": set by the node, not by the agent");
         }
-        if (decl != nullptr && name == lower(decl->header)) {
-          throw BadField(field + ": this is the field the node fills with the secret");
-        }
         up.headers.emplace_back(key, std::move(text));
       }
     }
@@ -249,12 +258,29 @@ struct Operations::Impl {
                        {"secret", secret},
                        {"destination", dest.host + ":" + std::to_string(dest.port)},
                        {"method", up.method}};
+    const SecretDecl* decl = node.config.secret(secret);
     if (decl == nullptr || !node.grants.mayUseSecret(req.agent, secret, dest.host, dest.port)) {
       log_fields["decision"] = "denied";
       log::warn("secret-use refused", log_fields);
       denied(req, out, "secret-use", 403, "secret-not-granted",
              "agent " + req.agent + " may not use secret \"" + secret + "\" with " + dest.host +
                  ":" + std::to_string(dest.port));
+      return;
+    }
+    for (const auto& [key, unused] : up.headers) {
+      if (lower(key) == lower(decl->header)) {
+        throw BadField("request.headers[\"" + key +
+                       "\"]: this is the field the node fills with the secret");
+      }
+    }
+    if (!dest.https && !decl->allow_http) {
+      // Over http the secret crosses the network in clear text, readable by anyone on the
+      // path or answering for the name; the operator opts in per secret (allow_http).
+      log_fields["decision"] = "denied";
+      log::warn("secret-use refused", log_fields);
+      denied(req, out, "secret-use", 403, "secret-requires-https",
+             "secret \"" + secret + "\" is only sent over https:// (its declaration does not " +
+                 "set allow_http)");
       return;
     }
 
@@ -332,11 +358,11 @@ struct Operations::Impl {
       denied(req, out, op, 405, "method-not-allowed", std::string(op) + " takes POST");
       return;
     }
-    json body = json::parse(req.body, nullptr, false);
+    UntrustedJson parsed = parseUntrustedJson(req.body);
+    const json& body = parsed.value;
     try {
-      if (body.is_discarded() || !body.is_object()) {
-        throw BadField("body: must be a JSON object");
-      }
+      if (!parsed.ok()) throw BadField("body: " + parsed.why);
+      if (!body.is_object()) throw BadField("body: must be a JSON object");
       if (op == "spawn") {
         spawn(req, out, body);
       } else {

@@ -300,4 +300,46 @@ SpawnedRunners::~SpawnedRunners() {
   }
 }
 
+PendingSpawns::Slot::~Slot() {
+  if (owner_ != nullptr) owner_->release(caller_);
+}
+
+std::optional<PendingSpawns::Slot> PendingSpawns::tryAcquire(std::string_view caller,
+                                                             std::string* why) {
+  std::lock_guard lock(mu_);
+  auto it = by_caller_.find(caller);
+  const size_t mine = it == by_caller_.end() ? 0 : it->second;
+  if (mine >= max_per_agent_) {
+    if (why != nullptr)
+      *why = "agent " + std::string(caller) + " already has " + std::to_string(mine) +
+             " spawns in progress (the most one agent may have)";
+    return std::nullopt;
+  }
+  if (total_ >= max_total_) {
+    if (why != nullptr)
+      *why = "the node already has " + std::to_string(total_) +
+             " spawns in progress (the most it runs at once)";
+    return std::nullopt;
+  }
+  ++total_;
+  if (it == by_caller_.end()) {
+    by_caller_.emplace(std::string(caller), 1);
+  } else {
+    ++it->second;
+  }
+  return Slot(this, std::string(caller));
+}
+
+void PendingSpawns::release(const std::string& caller) {
+  std::lock_guard lock(mu_);
+  --total_;
+  auto it = by_caller_.find(caller);
+  if (it != by_caller_.end() && --it->second == 0) by_caller_.erase(it);
+}
+
+size_t PendingSpawns::pending() const {
+  std::lock_guard lock(mu_);
+  return total_;
+}
+
 }  // namespace samnode

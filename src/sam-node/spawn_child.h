@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -34,6 +35,58 @@ struct SpawnOutcome {
 /// Returns the agent id of a line "compass-runner: agent <id> running..." (the id is
 /// [A-Za-z0-9._-]+), or nullopt for any other line.
 std::optional<std::string> parseRunningLine(std::string_view line);
+
+/// Most spawns waiting for their runner's "running" line at once, node-wide. Each holds a
+/// connection thread of the node for up to kSpawnDeadline and a runner that is building a
+/// sandbox (pulling and starting a container, booting a VM): a few at a time already fill the
+/// small hosts the node runs on, and more only push every one of them towards the deadline.
+inline constexpr size_t kMaxPendingSpawns = 4;
+/// Most pending spawns of one agent: half the node's, so one agent (looping, or hostile) cannot
+/// take every slot and lock the other agents of the node out of spawning.
+inline constexpr size_t kMaxPendingSpawnsPerAgent = 2;
+
+/// Admission for POST /ops/spawn: counts spawns in progress, node-wide and per caller, against
+/// kMaxPendingSpawns and kMaxPendingSpawnsPerAgent (or the limits given). Thread-safe.
+class PendingSpawns {
+ public:
+  /// A spawn in progress; the slot is given back when the Slot is destroyed.
+  class Slot {
+   public:
+    Slot(Slot&& other) noexcept : owner_(other.owner_), caller_(std::move(other.caller_)) {
+      other.owner_ = nullptr;
+    }
+    Slot(const Slot&) = delete;
+    Slot& operator=(const Slot&) = delete;
+    Slot& operator=(Slot&&) = delete;
+    ~Slot();
+
+   private:
+    friend class PendingSpawns;
+    Slot(PendingSpawns* owner, std::string caller) : owner_(owner), caller_(std::move(caller)) {}
+    PendingSpawns* owner_;
+    std::string caller_;
+  };
+
+  explicit PendingSpawns(size_t max_total = kMaxPendingSpawns,
+                         size_t max_per_agent = kMaxPendingSpawnsPerAgent)
+      : max_total_(max_total), max_per_agent_(max_per_agent) {}
+
+  /// A slot for `caller` (an agent id), or nullopt when the node or the caller is at its cap;
+  /// then `why` (if given) says which, e.g. "agent a.example already has 2 spawns in
+  /// progress (the most one agent may have)".
+  std::optional<Slot> tryAcquire(std::string_view caller, std::string* why = nullptr);
+
+  /// Spawns in progress, node-wide.
+  [[nodiscard]] size_t pending() const;
+
+ private:
+  void release(const std::string& caller);
+  size_t max_total_;
+  size_t max_per_agent_;
+  mutable std::mutex mu_;
+  size_t total_ = 0;
+  std::map<std::string, size_t, std::less<>> by_caller_;
+};
 
 class SpawnedRunners {
  public:

@@ -118,8 +118,8 @@ class McpStandIn:
             return out
         if method == "tools/call":
             self.calls.append(params["name"])
-            return {"content": [{"type": "text", "text":
-                                 f"{self.name}:{params['name']}:{json.dumps(params.get('arguments'))}"}]}
+            text = f"{self.name}:{params['name']}:{json.dumps(params.get('arguments'))}"
+            return {"content": [{"type": "text", "text": text}]}
         return None
 
     def handle(self, h):
@@ -229,7 +229,10 @@ def env():
         "version": "v1",
         "services": [{"name": "alpha", "type": "mcp", "target_url": alpha.url},
                      {"name": "beta", "type": "mcp", "target_url": beta.url}],
-        "secrets": [{"name": "api-token", "ref": f"file://{tmp}/api-token"}],
+        # The echo server speaks plain http: api-token allows it; tls-token (the default)
+        # goes to https:// destinations only.
+        "secrets": [{"name": "api-token", "ref": f"file://{tmp}/api-token", "allow_http": True},
+                    {"name": "tls-token", "ref": f"file://{tmp}/api-token"}],
         "spawn": [{"name": "worker", "bundle": f"{tmp}/bundle.yaml", "backend": "host",
                    "command": ["sleep", "600"]},
                   {"name": "broken", "bundle": f"{tmp}/bundle.yaml", "backend": "host",
@@ -239,6 +242,8 @@ def env():
                    "tools": ["alpha/read", "alpha/shared", "beta/*"],
                    "spawn": ["worker", "broken"],
                    "secrets": [{"name": "api-token",
+                                "destinations": [f"localhost:{echo_port}"]},
+                               {"name": "tls-token",
                                 "destinations": [f"localhost:{echo_port}"]}]},
                   {"name": "writers", "allowed_agents": ["*.writers.example"],
                    "services": ["alpha"], "tools": ["alpha/*"]}]}
@@ -310,6 +315,21 @@ def test_secret_use_refusals(env):
     status, headers, _ = env.request("POST", "/ops/secret-use", "{}", agent=None)
     assert status == 401
     assert EchoHandler.seen == []  # nothing refused reached the destination
+
+
+def test_secret_use_is_https_only_unless_the_secret_allows_http(env):
+    EchoHandler.seen.clear()
+    status, headers, reply = secret_use(env, secret="tls-token")
+    assert status == 403 and headers["Sam-Node-Reason"] == "secret-requires-https", reply
+    assert "https://" in reply["error"]["message"]
+    # The same grant over https: sent, and refused by the (plain http) echo server's end of
+    # the TLS handshake before any request went out.
+    status, headers, reply = env.post_json("/ops/secret-use", {
+        "secret": "tls-token",
+        "request": {"url": f"https://localhost:{env.echo_port}/api"}})
+    assert status == 502 and headers["Sam-Node-Reason"] == "destination-failed", reply
+    assert SECRET not in json.dumps(reply)
+    assert EchoHandler.seen == []
 
 
 # ---------------------------------------------------------------------------------------

@@ -106,6 +106,19 @@ TEST(ConfigTest, DefaultsOfAMinimalFile) {
   const Config d = parseConfig("version: v1\nsecrets:\n  - name: k\n    ref: k\n");
   EXPECT_EQ(d.secrets[0].header, "Authorization");
   EXPECT_EQ(d.secrets[0].format, "Bearer {}");
+  EXPECT_FALSE(d.secrets[0].allow_http);  // secret-use sends secrets over https:// only
+}
+
+TEST(ConfigTest, AllowHttpIsAStrictBoolean) {
+  const std::string base = "version: v1\nsecrets:\n  - name: k\n    ref: k\n    allow_http: ";
+  EXPECT_TRUE(parseConfig(base + "true\n").secrets[0].allow_http);
+  EXPECT_FALSE(parseConfig(base + "false\n").secrets[0].allow_http);
+  // yaml-cpp alone would read these as booleans; a security switch takes only true/false.
+  for (const char* value : {"yes", "on", "1", "\"true\"", "[true]", "TRUE", ""}) {
+    SCOPED_TRACE(value);
+    EXPECT_THAT(refusal(base + value + "\n"),
+                StartsWith("secrets[0].allow_http: must be true or false"));
+  }
 }
 
 TEST(ConfigTest, RefusalsNameTheField) {

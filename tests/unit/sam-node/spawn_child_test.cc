@@ -6,6 +6,9 @@
 
 #include <signal.h>
 
+#include <string>
+#include <vector>
+
 namespace samnode {
 namespace {
 
@@ -55,6 +58,46 @@ TEST(SpawnChild, DeadlineStopsASilentRunner) {
   SpawnOutcome o = runners.start({"/bin/sh", "-c", "exec sleep 600"}, "t", "caller",
                                  std::chrono::milliseconds(200));
   EXPECT_EQ(o.kind, SpawnOutcome::kTimeout);
+}
+
+TEST(PendingSpawns, CapsEachAgentAndTheNode) {
+  PendingSpawns pending(3, 2);
+  std::string why;
+  auto a1 = pending.tryAcquire("a.example", &why);
+  auto a2 = pending.tryAcquire("a.example", &why);
+  ASSERT_TRUE(a1 && a2);
+  EXPECT_FALSE(pending.tryAcquire("a.example", &why));
+  EXPECT_NE(why.find("agent a.example already has 2 spawns"), std::string::npos) << why;
+  auto b1 = pending.tryAcquire("b.example", &why);
+  ASSERT_TRUE(b1);
+  EXPECT_EQ(pending.pending(), 3u);
+  EXPECT_FALSE(pending.tryAcquire("c.example", &why));
+  EXPECT_NE(why.find("the node already has 3 spawns"), std::string::npos) << why;
+  a1.reset();  // one of a's spawns answered: its slot serves anyone again
+  EXPECT_EQ(pending.pending(), 2u);
+  auto c1 = pending.tryAcquire("c.example");
+  ASSERT_TRUE(c1);
+  EXPECT_FALSE(pending.tryAcquire("a.example"));
+  {
+    PendingSpawns::Slot moved = std::move(*c1);
+    c1.reset();  // the moved-from slot gives nothing back
+    EXPECT_EQ(pending.pending(), 3u);
+  }
+  EXPECT_EQ(pending.pending(), 2u);
+}
+
+TEST(PendingSpawns, DefaultsAreTheNamedCaps) {
+  PendingSpawns pending;
+  std::vector<PendingSpawns::Slot> held;
+  for (const char* agent : {"a", "a", "b", "b"}) {
+    auto slot = pending.tryAcquire(agent);
+    ASSERT_TRUE(slot) << agent;
+    held.push_back(std::move(*slot));
+  }
+  EXPECT_EQ(held.size(), kMaxPendingSpawns);
+  EXPECT_FALSE(pending.tryAcquire("c"));
+  held.clear();
+  EXPECT_EQ(pending.pending(), 0u);
 }
 
 }  // namespace

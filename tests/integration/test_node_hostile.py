@@ -1,0 +1,574 @@
+"""sam-node against a hostile agent and hostile upstreams (issue 6; docs/sam-node.md).
+
+The agent is assumed compromised. It reaches the node only through sam-box, which sets
+X-Sam-Agent; everything else in the request is the attacker's: path, headers, body, JSON-RPC,
+a2a names, secret-use and spawn requests. Upstreams (model, MCP and a2a servers) may be hostile
+too. These tests talk to the node's Unix socket directly, setting X-Sam-Agent as sam-box would,
+and check two things for every attack: the node refuses it (or answers harmlessly), and the
+upstream that must not be reached saw nothing. The upstream stand-ins, the node's config and
+the raw client are in hostile_upstreams.py; the node is nodelib's SamNode.
+
+Tests whose docstring starts with "HOLE" failed before the node was fixed; each names the file
+and function that had the hole.
+
+Everything runs on loopback and Unix sockets.
+"""
+
+import http.client
+import json
+import socket
+import threading
+
+import pytest
+
+from boxlib import wait_for
+from hostile_upstreams import (API_KEY, READER, SECRET, STRANGER, TLS_SECRET, WRITER, World,
+                               alive, call, calls_seen, deep, mcp, mcp_respond, raw,
+                               raw_tools_list, tool_call, try_raw)
+from nodelib import sam_node  # noqa: F401 (a fixture)
+
+MAX_CONNECTIONS = 256  # kMaxConnections in src/sam-node/http.h
+
+
+@pytest.fixture(scope="module")
+def world():
+    w = World()
+    try:
+        w.node = w.make_node()
+        yield w
+    finally:
+        w.close()
+
+
+@pytest.fixture
+def sock(world):
+    assert alive(world.node), "an earlier test killed the shared node:\n" + \
+        world.node.stderr_text()
+    return world.node.socket_path
+
+
+@pytest.fixture
+def fresh_node(world, sam_node):  # noqa: F811 (the fixture imported above)
+    """A node of its own, for attacks that may kill or saturate it."""
+    node = world.make_node(sam_node)
+    yield node
+    node.close(grace=20)  # SIGTERM first: the node stops the runners it started
+
+
+# ---------------------------------------------------------------------------------------
+# Identity
+
+
+def test_identity_missing_or_under_another_spelling_is_refused(sock, world):
+    for headers in ([], [("X_Sam_Agent", READER)], [("X-Sam-Agents", READER)],
+                    [("X-Sam-Agent", "")]):
+        r = call(sock, "GET", "/v1/models", None, headers)
+        assert r.status == 401 and r.header("Sam-Node-Reason") == "missing-agent-identity"
+
+
+@pytest.mark.parametrize("agent", ["*.writers.example", "writers.example", "w1.writers.example.x",
+                                   "reader.test.example.evil", "reader", "READER.TEST.EXAMPLE.."])
+def test_identity_that_only_resembles_a_grant_gets_nothing(sock, agent):
+    assert call(sock, "GET", "/v1/models", agent).json()["data"] == []
+    assert call(sock, "GET", "/a2a", agent).json()["agents"] == []
+    r = tool_call(sock, agent, "read")
+    assert r.json()["result"]["isError"] is True
+
+
+def test_duplicate_x_sam_agent_is_refused(sock):
+    """HOLE (hardening): two X-Sam-Agent fields are ambiguous; the node takes the first
+    (http_server.cc finishRequest/findHeader). It should refuse (400) rather than guess."""
+    r = call(sock, "GET", "/v1/models", STRANGER, [("X-Sam-Agent", READER)])
+    assert r.status == 400, r.body
+    r = call(sock, "GET", "/v1/models", READER, [("X-Sam-Agent", STRANGER)])
+    assert r.status == 400, r.body
+
+
+def test_pipelined_requests_each_answer_for_their_own_agent(sock):
+    def get(agent, last=False):
+        return (f"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Sam-Agent: {agent}\r\n"
+                + ("Connection: close\r\n" if last else "") + "\r\n").encode()
+    out = raw(sock, get(READER) + get(STRANGER) + get(WRITER, last=True))
+    bodies = [json.loads(part.split(b"\r\n\r\n", 1)[1].split(b"HTTP/1.1")[0])
+              for part in out.split(b"HTTP/1.1 200")[1:]]
+    assert [[m["id"] for m in b["data"]] for b in bodies] == [["chat"], [], ["chat2"]]
+
+
+# ---------------------------------------------------------------------------------------
+# HTTP framing
+
+
+@pytest.mark.parametrize("request_bytes,status", [
+    (b"POST /v1/x HTTP/1.1\r\nX-Sam-Agent: r\r\nContent-Length: 3\r\n"
+     b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
+    (b"POST /v1/x HTTP/1.1\r\nX-Sam-Agent: r\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+     400),
+    (b"GET /v1/models HTTP/1.1\r\nX-Sam-Agent: r\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n", 431),
+    (b"POST /v1/x HTTP/1.1\r\nX-Sam-Agent: r\r\nContent-Length: 99999999999\r\n\r\n", 413),
+    (b"GET /v1/models HTTP/1.1\r\nX-Sam-Agent: r\nBad\x00: x\r\n\r\n", 400),
+    (b"GET /v1/models HTTP/1.1\r\nX-Sam-Agent : r\r\nConnection: close\r\n\r\n", 401),
+])
+def test_malformed_or_oversized_requests_are_refused(sock, request_bytes, status):
+    assert raw(sock, request_bytes).startswith(f"HTTP/1.1 {status} ".encode())
+
+
+def test_chunked_body_over_the_cap_is_refused_and_the_node_lives(sock, world):
+    chunk = b"%x\r\n" % (1 << 20) + b"a" * (1 << 20) + b"\r\n"
+    head = b"POST /v1/chat HTTP/1.1\r\nX-Sam-Agent: r\r\nTransfer-Encoding: chunked\r\n\r\n"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(30)
+        s.connect(sock)
+        s.sendall(head)
+        try:
+            for _ in range(17):
+                s.sendall(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        assert s.recv(4096).startswith(b"HTTP/1.1 413 ")
+    assert alive(world.node)
+
+
+def test_connection_cap_answers_503(fresh_node):
+    sock_path = fresh_node.socket_path
+    held = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(fresh_node.socket_path)
+            s.sendall(b"GET /v1/models HTTP/1.1\r\n")
+            held.append(s)
+        wait_for(lambda: try_raw(sock_path, b"").startswith(b"HTTP/1.1 503 "), timeout=20,
+                 what="a 503")
+    finally:
+        for s in held:
+            s.close()
+    wait_for(lambda: call(sock_path, "GET", "/v1/models", READER).status == 200, timeout=20,
+             what="the node to serve again once the held connections closed")
+
+
+def test_a_head_that_never_completes_does_not_hold_a_slot_forever(fresh_node):
+    """HOLE (DoS): serveConnection() (http_server.cc) blocks in recv() with no deadline, so one
+    agent that opens kMaxConnections connections and never finishes a head locks every other
+    agent of the host out (503) for as long as it likes. The node should close a connection
+    whose head is not complete within a bound (e.g. 30 s; and idle keep-alive likewise)."""
+    sock_path = fresh_node.socket_path
+    held = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(fresh_node.socket_path)
+            s.sendall(b"GET /v1/models HTTP/1.1\r\nX-Sam-Agent: " + READER.encode())
+            held.append(s)
+        wait_for(lambda: try_raw(sock_path, b"").startswith(b"HTTP/1.1 503 "), timeout=20,
+                 what="the cap")
+        wait_for(lambda: try_raw(sock_path, b"GET /v1/models HTTP/1.1\r\nX-Sam-Agent: "
+                                 + READER.encode() + b"\r\nConnection: close\r\n\r\n")
+                 .startswith(b"HTTP/1.1 200 "), timeout=90,
+                 what="the node to drop connections stuck in a head")
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_deeply_nested_json_does_not_kill_the_node(fresh_node):
+    """HOLE (crash, any agent, no grant needed): mcp::classify() (mcp_wire.cc) copies "params"
+    (`m.params = *params`), and nlohmann::json's copy and dump() recurse once per nesting
+    level; 1 MB of '[' overflows the connection thread's stack and SIGSEGVs the whole node.
+    Fix: bound nesting depth before using a parsed value (a parser callback counting depth,
+    refuse > e.g. 64 with 400 / kInvalidRequest), for every JSON the node parses from an agent
+    (mcp.cc serve, ops.cc serve, openai.cc chooseService) or an upstream (mcp.cc exchange,
+    a2a.cc card)."""
+    body = b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"x":' + deep(500000) + b"}}"
+    try:
+        r = mcp(fresh_node.socket_path, READER, body)
+        assert r.status in (200, 400)
+    except (ConnectionError, http.client.HTTPException):
+        pass
+    assert alive(fresh_node), "sam-node died:\n" + fresh_node.stderr_text()[-2000:]
+    for route, payload in (("/ops/spawn", b'{"template":' + deep(500000) + b"}"),
+                           ("/v1/chat/completions", b'{"model":' + deep(500000) + b"}")):
+        call(fresh_node.socket_path, "POST", route, READER, body=payload)
+        assert alive(fresh_node), route
+
+
+def test_deeply_nested_tool_schema_from_an_upstream_does_not_kill_the_node(world, fresh_node):
+    """HOLE (crash from a hostile MCP server): the node copies each tool of a tools/list
+    (mcp.cc listTools, tools.push_back(tool)) and dumps it to the agent; a schema nested 500k
+    deep SIGSEGVs the node. Same fix as above, in UpstreamClient::exchange."""
+    tool = '{"name": "read", "inputSchema": %s}' % deep(500000).decode()
+    world.mcp.respond = raw_tools_list(tool, world.mcp.respond)
+    try:
+        try:
+            mcp(fresh_node.socket_path, READER, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        except (ConnectionError, http.client.HTTPException):
+            pass
+        assert alive(fresh_node), "sam-node died:\n" + fresh_node.stderr_text()[-2000:]
+    finally:
+        world.mcp.respond = mcp_respond(lambda: world.tools)
+
+
+
+# ---------------------------------------------------------------------------------------
+# Models (/v1)
+
+
+def test_model_tricks_never_reach_an_ungranted_model_service(sock, world):
+    before = len(world.model2.seen)
+    for body in ({"model": "chat2"}, {"model": "CHAT2"}, {"model": ["chat2"]},
+                 b'{"model": "chat2", "model": "chat"}', b'{"model": "chat", "model": "chat2"}',
+                 b'{"model": "chat2\\u0000"}', b"\xff{", deep(1000)):
+        r = call(sock, "POST", "/v1/chat/completions", READER,
+                 [("Content-Type", "application/json")], body)
+        assert r.status == 200
+    assert len(world.model2.seen) == before
+    r = call(sock, "POST", "/v1/chat/completions", STRANGER, body={"model": "chat"})
+    assert r.status == 403 and r.header("Sam-Node-Reason") == "not-granted"
+
+
+def test_agent_credentials_and_boundary_fields_are_not_forwarded(sock, world):
+    call(sock, "POST", "/v1/chat/completions", READER,
+         [("Authorization", "Bearer unused"), ("X-Sam-Caller", "admin"), ("x-sam-agent-2", "a"),
+          ("Proxy-Authorization", "Basic eA=="), ("Host", "evil.example")], {"model": "chat"})
+    _, _, headers, _ = world.model.seen[-1]
+    names = [k.lower() for k, _ in headers]
+    assert dict((k.lower(), v) for k, v in headers)["authorization"] == "Bearer " + API_KEY
+    assert names.count("authorization") == 1 and names.count("host") == 1
+    assert not [n for n in names if n.startswith("x-sam") or n == "proxy-authorization"]
+    assert dict((k.lower(), v) for k, v in headers)["host"].startswith("127.0.0.1:")
+
+
+@pytest.mark.parametrize("target", ["/v1/../admin", "/v1/x/../../admin", "/v1/%2e%2e/admin",
+                                    "/v1/.%2E/admin", "/v1/..%2fadmin", "/v1/./../admin"])
+def test_model_path_stays_under_the_service_base(sock, world, target):
+    """HOLE: serveOpenai (openai.cc) appends the raw path to target_url; libcurl resolves "..",
+    so /v1/../admin reaches <model host>/admin *with the operator's api_key attached* (and an
+    upstream that decodes %2e%2e / %2f before resolving does the same). The node should refuse
+    (400) a path with a dot segment or an encoded '.' or '/' in it, in /v1 and /a2a alike."""
+    before = len(world.model.seen)
+    r = call(sock, "GET", target, READER)
+    escaped = [p for p in world.model.paths()[before:] if not _under(p, "/v1/")]
+    assert not escaped, f"{target} reached {escaped} (status {r.status})"
+
+
+def _under(path, base):
+    from urllib.parse import unquote
+    parts = []
+    for seg in unquote(unquote(path.split("?")[0])).split("/"):
+        if seg == "..":
+            parts = parts[:-1]
+        elif seg != ".":
+            parts.append(seg)
+    return "/".join(parts).startswith(base.rstrip("/"))
+
+
+def test_hostile_upstream_header_cannot_inject_fields(sock, world, sam_node):  # noqa: F811
+    """HOLE: upstream.cc onHeader() keeps a field value with a bare CR, a name with a space and
+    an obs-fold line as they came, and ConnWriter::begin (http_server.cc) writes them out:
+    "X-Evil: a\\rInjected: b" reaches sam-box and the agent (response splitting for any parser
+    that ends a line at CR). The node should drop (or refuse as 502) fields whose name is not a
+    token or whose value holds CR, LF or NUL, and unfold or refuse obs-fold (RFC 9112 §5.2)."""
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(4)
+
+    def serve():
+        c, _ = lst.accept()
+        c.recv(65536)
+        c.sendall(b"HTTP/1.1 200 OK\r\nX-Evil: a\rInjected: b\r\nBad Name: v\r\n"
+                  b" folded: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        c.close()
+    threading.Thread(target=serve, daemon=True).start()
+    old, world.model.port = world.model.port, lst.getsockname()[1]
+    node = world.make_node(sam_node)
+    world.model.port = old
+    out = raw(node.socket_path, b"GET /v1/models/x HTTP/1.1\r\nX-Sam-Agent: " + READER.encode()
+              + b"\r\nConnection: close\r\n\r\n")
+    lst.close()
+    head = out.split(b"\r\n\r\n", 1)[0]
+    assert b"\r" not in head.replace(b"\r\n", b""), head
+    for line in head.split(b"\r\n")[1:]:
+        assert line[:1] not in (b" ", b"\t") and b" " not in line.split(b":", 1)[0], head
+
+
+# ---------------------------------------------------------------------------------------
+# MCP (/mcp)
+
+
+def test_tools_list_shows_only_granted_tools(sock):
+    r = mcp(sock, READER, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert [t["name"] for t in r.json()["result"]["tools"]] == ["read"]
+    r = mcp(sock, STRANGER, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert r.json()["result"]["tools"] == []
+
+
+@pytest.mark.parametrize("name", ["delete", "DELETE", "Read", "read ", " read", "read\u0000",
+                                  "re\u0430d", "r\u0435ad", "tools/read", "tools/delete",
+                                  "delete\u200b", "../delete", "*"])
+def test_tool_name_tricks_get_an_error_result_and_reach_nobody(sock, world, name):
+    before = list(calls_seen(world.mcp))
+    r = tool_call(sock, READER, name)
+    assert r.status == 200 and r.json()["result"]["isError"] is True
+    assert calls_seen(world.mcp) == before
+
+
+def test_jsonrpc_tricks_never_call_an_ungranted_tool(sock, world):
+    before = list(calls_seen(world.mcp))
+    call_delete = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                   "params": {"name": "delete", "arguments": {}}}
+    bodies = [
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read","name":"delete"}}',
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"delete"},'
+        b'"params":{"name":"read"}}',
+        json.dumps([call_delete]).encode(),
+        json.dumps([{**call_delete, "params": {"name": "read"}}, call_delete]).encode(),
+        *(json.dumps({**call_delete, "id": i}).encode() for i in (None, 1.5, True, {}, [1])),
+        json.dumps({**call_delete, "method": "Tools/Call"}).encode(),
+        json.dumps({**call_delete, "params": ["delete"]}).encode(),
+        json.dumps({**call_delete, "params": {"name": ["delete"]}}).encode(),
+        json.dumps({**call_delete, "jsonrpc": "1.0"}).encode(),
+        b'{"jsonrpc":"2.0","id":1e999999,"method":"tools/call","params":{"name":"delete"}}',
+        b'{"jsonrpc":"2.0","id":123456789012345678901234567890,"method":"ping"}',
+    ]
+    for body in bodies:
+        r = mcp(sock, READER, body)
+        assert r.status in (200, 202, 400), body
+        if r.status == 200 and "result" in r.json():
+            assert r.json()["result"].get("isError") in (True, None), body
+    r = mcp(sock, READER, json.dumps(call_delete).encode(), [("MCP-Protocol-Version", "x")])
+    assert r.status == 400
+    assert "delete" not in calls_seen(world.mcp)[len(before):]
+    assert alive(world.node)
+
+
+def test_granted_tool_call_is_relayed_with_the_callers_own_id(sock, world):
+    r = mcp(sock, READER, {"jsonrpc": "2.0", "id": "mine", "method": "tools/call",
+                           "params": {"name": "read", "arguments": {"name": "delete"}}})
+    assert r.json()["id"] == "mine"
+    assert r.json()["result"]["content"][0]["text"] == "called read"
+    assert calls_seen(world.mcp)[-1] == "read"
+
+
+# ---------------------------------------------------------------------------------------
+# Agents that serve (/a2a)
+
+
+@pytest.mark.parametrize("target", ["/a2a/hidden/x", "/a2a/HIDDEN/x", "/a2a/Bar/x", "/a2a/bar./x",
+                                    "/a2a/../a2a/hidden/x", "/a2a/./hidden/x", "/a2a//hidden/x",
+                                    "/a2a/hidden%2fx", "/a2a/%68idden/x", "/a2a/nope/x",
+                                    "/A2A/hidden/x", "/a2a/hidden?x=/a2a/bar/"])
+def test_a2a_name_tricks_reach_no_ungranted_agent(sock, world, target):
+    before = len(world.a2a.seen)
+    r = call(sock, "GET", target, READER)
+    assert r.status in (403, 404), (target, r.status)
+    assert not [p for p in world.a2a.paths()[before:]
+                if not p.startswith("/bar/") and not p.endswith("/agent-card.json")]
+
+
+@pytest.mark.parametrize("target", ["/a2a/bar/../hidden/x", "/a2a/bar/%2e%2e/hidden/x",
+                                    "/a2a/bar/..%2Fhidden/x"])
+def test_a2a_path_stays_under_the_agents_base(sock, world, target):
+    """HOLE: A2aDirectory::serve (a2a.cc) appends the raw rest of the path to target_url; libcurl
+    resolves "..", so an agent granted "bar" (http://host/bar) reaches "hidden" (http://host/hidden)
+    on the same host. Refuse dot segments and encoded '.' or '/' (400), as for /v1."""
+    before = len(world.a2a.seen)
+    call(sock, "GET", target, READER)
+    escaped = [p for p in world.a2a.paths()[before:]
+               if not _under(p, "/bar/") and not p.endswith("/agent-card.json")]
+    assert not escaped, f"{target} reached {escaped}"
+
+
+def test_a2a_listing_and_card_point_through_the_node(sock):
+    assert [a["name"] for a in call(sock, "GET", "/a2a", READER).json()["agents"]] == ["bar"]
+    card = call(sock, "GET", "/a2a/bar/.well-known/agent-card.json", READER).json()
+    assert card["url"].startswith("http://mesh.sam.alt/a2a/bar")
+
+
+def last_request(upstream, path):
+    """The last request to `path`: the card probes of every running node reach the same a2a
+    stand-in at any time, so the last request of all may be one of those."""
+    return [r for r in upstream.seen if r[1] == path][-1]
+
+
+def test_served_agent_sees_only_the_true_caller(sock, world):
+    call(sock, "POST", "/a2a/bar/rpc", READER,
+         [("X-Sam-Caller", "admin.test.example"), ("x-sam-caller", "admin"),
+          ("X-SAM-AGENT", "admin")], {"jsonrpc": "2.0"})
+    _, _, headers, _ = last_request(world.a2a, "/bar/rpc")
+    assert [v for k, v in headers if k.lower() == "x-sam-caller"] == [READER]
+    assert not [k for k, _ in headers if k.lower() == "x-sam-agent"]
+
+
+def test_served_agent_gets_no_underscore_spelling_of_the_caller_field(sock, world):
+    """HOLE: forwardableHeaders (proxy.cc) drops names starting with "x-sam-" only. "X_Sam_Caller:
+    admin" reaches the served agent, and CGI/WSGI-style servers (HTTP_X_SAM_CALLER) read it
+    as X-Sam-Caller. proto/request_rewriter.h already treats '_' as '-' for X-Sam-Agent; the
+    node should too: drop every field whose name, '_' read as '-', starts with "x-sam-"."""
+    call(sock, "POST", "/a2a/bar/rpc", READER, [("X_Sam_Caller", "admin.test.example")], {})
+    _, _, headers, _ = last_request(world.a2a, "/bar/rpc")
+    assert [k for k, _ in headers if k.lower().replace("_", "-") == "x-sam-caller"] \
+        == ["X-Sam-Caller"]
+
+
+# ---------------------------------------------------------------------------------------
+# secret-use
+
+
+def use(sock, agent, url, secret="tok", **request):
+    return call(sock, "POST", "/ops/secret-use", agent,
+                body={"secret": secret, "request": {"url": url, **request}})
+
+
+def test_secret_comes_back_redacted_from_body_headers_and_status_line(sock, world):
+    url = f"http://localhost:{world.echo.port}"
+    for path in ("/echo", "/reason"):
+        r = use(sock, READER, url + path)
+        assert r.status == 200
+        assert SECRET not in r.body.decode()
+        assert path == "/reason" or "[redacted]" in r.body.decode()
+    assert world.echo.seen[-1][2] and dict(world.echo.seen[-1][2])["Authorization"] \
+        == "Bearer " + SECRET
+
+
+def test_secret_use_does_not_follow_redirects(sock, world):
+    before = len(world.echo2.seen)
+    r = use(sock, READER, f"http://localhost:{world.echo.port}/redirect")
+    assert r.json()["status"] == 302
+    assert len(world.echo2.seen) == before
+
+
+def test_secret_use_url_tricks_are_refused_and_send_nothing(sock, world):
+    p, p2 = world.echo.port, world.echo2.port
+    urls = [f"http://user:pw@localhost:{p}/", f"http://localhost:{p}@localhost:{p2}/",
+            f"http://127.0.0.1:{p}/", f"http://[::1]:{p}/", f"http://[::ffff:127.0.0.1]:{p}/",
+            f"http://2130706433:{p}/", f"http://0x7f.1:{p}/", f"http://127.1:{p}/",
+            f"http://localhost:{p2}/", f"http://localhost/", f"ftp://localhost:{p}/",
+            f"file:///etc/passwd", f"gopher://localhost:{p}/", f"http://localhost:{p}\r\nX: y/",
+            f"http://localhost.evil:{p}/", f"http://evil/localhost:{p}/", f"//localhost:{p}/",
+            f"http://localhost:{p + 65536}/", f"http://loc%61lhost:{p2}/", "http://:{p}/"]
+    before = (len(world.echo.seen), len(world.echo2.seen))
+    for url in urls:
+        r = use(sock, READER, url)
+        assert r.status in (400, 403), (url, r.status, r.body)
+        assert SECRET not in r.body.decode()
+    assert (len(world.echo.seen), len(world.echo2.seen)) == before
+
+
+def test_secret_use_request_tricks_are_refused(sock, world):
+    url = f"http://localhost:{world.echo.port}/echo"
+    bad = [{"headers": {"Host": "evil"}}, {"headers": {"host": "evil"}},
+           {"headers": {"Authorization": "x"}}, {"headers": {"AUTHORIZATION": "x"}},
+           {"headers": {"X-A": "a\r\nHost: evil"}}, {"headers": {"X-A": "a\nb"}},
+           {"headers": {"X-A": "a\u0000"}}, {"headers": {"X A": "a"}}, {"headers": {"X:A": "a"}},
+           {"headers": {"Transfer-Encoding": "chunked"}}, {"headers": {"Content-Length": "0"}},
+           {"headers": {"X-A": 1}}, {"headers": ["X-A", "b"]}, {"method": "GET /x HTTP/1.1\r\n"},
+           {"method": "G T"}, {"method": 1}, {"body": {"a": 1}}]
+    before = len(world.echo.seen)
+    for extra in bad:
+        r = use(sock, READER, url, **extra)
+        assert r.status == 400 and r.header("Sam-Node-Reason") == "bad-operation-request", extra
+    assert len(world.echo.seen) == before
+
+
+def test_secret_grants_do_not_mix(sock, world):
+    before = (len(world.echo.seen), len(world.echo2.seen))
+    for agent, secret, port in ((READER, "other", world.echo2.port),
+                                (WRITER, "tok", world.echo.port),
+                                (WRITER, "other", world.echo.port),
+                                (STRANGER, "tok", world.echo.port),
+                                (READER, "TOK", world.echo.port),
+                                (READER, "nope", world.echo.port)):
+        r = use(sock, agent, f"http://localhost:{port}/echo", secret)
+        assert r.status == 403 and r.header("Sam-Node-Reason") == "secret-not-granted"
+    assert (len(world.echo.seen), len(world.echo2.seen)) == before
+
+
+def test_secret_use_does_not_reveal_which_secrets_exist(sock, world):
+    """HOLE (information): secretUse (ops.cc) checks request.headers against the *declared*
+    secret's header before the grant check, so an agent without the grant learns that "tok"
+    exists and which header carries it (400 "the field the node fills with the secret"), while an
+    undeclared name gets 403. Check the grant first (as a2a.cc does for names): both 403."""
+    url = f"http://localhost:{world.echo.port}/echo"
+    declared = use(sock, STRANGER, url, "tok", headers={"Authorization": "x"})
+    undeclared = use(sock, STRANGER, url, "nope", headers={"Authorization": "x"})
+    assert (declared.status, declared.header("Sam-Node-Reason")) == \
+        (undeclared.status, undeclared.header("Sam-Node-Reason"))
+    # Nor whether a secret allows http: the https rule is checked after the grant.
+    plain = use(sock, STRANGER, url, "tls-only")
+    assert (plain.status, plain.header("Sam-Node-Reason")) == (403, "secret-not-granted")
+
+
+def test_secret_goes_over_http_only_when_its_declaration_allows_it(sock, world):
+    """A secret without `allow_http: true` is sent to https:// destinations only: over http it
+    would cross the network in clear text. "tls-only" is granted to the echo server, which
+    speaks plain http: over http the node refuses, over https the TLS handshake fails before
+    any request (and so the secret) is sent."""
+    before = len(world.echo.seen)
+    r = use(sock, READER, f"http://localhost:{world.echo.port}/echo", "tls-only")
+    assert (r.status, r.header("Sam-Node-Reason")) == (403, "secret-requires-https"), r.body
+    assert "allow_http" in r.json()["error"]["message"]
+    r = use(sock, READER, f"https://localhost:{world.echo.port}/echo", "tls-only")
+    assert (r.status, r.header("Sam-Node-Reason")) == (502, "destination-failed"), r.body
+    assert TLS_SECRET not in r.body.decode()
+    assert len(world.echo.seen) == before
+    assert TLS_SECRET not in world.node.stderr_text()
+
+
+# ---------------------------------------------------------------------------------------
+# spawn
+
+
+def test_spawn_runs_only_granted_templates_as_configured(sock, world):
+    files = world.node.files
+    r = call(sock, "POST", "/ops/spawn", READER,
+             body={"template": "ok", "bundle": "/etc/shadow", "command": ["sh", "-c", "id"],
+                   "backend": "host", "args": ["--privileged"]})
+    assert r.status == 200, r.body
+    argv = wait_for(lambda: [f.read_text().split("\n") for f in files.glob("argv.*")],
+                    timeout=10, what="argv")
+    assert argv[0][:7] == ["run", "--backend", "podman", "--bundle", "/nonexistent/ok.yaml",
+                           "--", "echo"]
+    for agent, body in ((READER, {"template": "forbidden"}), (READER, {"template": "OK"}),
+                        (READER, {"template": "ok\u0000"}), (WRITER, {"template": "ok"}),
+                        (STRANGER, {"template": "ok"})):
+        r = call(sock, "POST", "/ops/spawn", agent, body=body)
+        assert r.status == 403 and r.header("Sam-Node-Reason") == "spawn-not-granted"
+    for body in ({"template": ["ok"]}, {}, [], b"{", b'{"template":"ok"}x'):
+        assert call(sock, "POST", "/ops/spawn", READER, body=body).status == 400
+    assert call(sock, "GET", "/ops/spawn", READER).status == 405
+    assert len(list(files.glob("argv.*"))) == 1
+
+
+def test_pending_spawns_are_capped_per_agent_and_per_node(fresh_node):
+    """A spawn holds a connection thread until the runner reports its agent running (up to
+    60 s): at most 2 per agent and 4 per node wait at once (kMaxPendingSpawnsPerAgent,
+    kMaxPendingSpawns in spawn_child.h); more get 429 spawn-busy and start no runner."""
+    files, sock_path = fresh_node.files, fresh_node.socket_path
+    replies = {}
+
+    def spawn(agent, key):
+        replies[key] = call(sock_path, "POST", "/ops/spawn", agent, body={"template": "slow"},
+                            timeout=60)
+
+    agents = [READER, READER, WRITER, WRITER]
+    threads = [threading.Thread(target=spawn, args=(a, i)) for i, a in enumerate(agents)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: len(list(files.glob("argv.*"))) == 4, timeout=20,
+                 what="four runners waiting for the release file")
+        mine = call(sock_path, "POST", "/ops/spawn", READER, body={"template": "slow"})
+        assert (mine.status, mine.header("Sam-Node-Reason")) == (429, "spawn-busy"), mine.body
+        assert "already has 2 spawns" in mine.json()["error"]["message"]
+        node_wide = call(sock_path, "POST", "/ops/spawn", "w2.writers.example",
+                         body={"template": "slow"})
+        assert (node_wide.status, node_wide.header("Sam-Node-Reason")) == (429, "spawn-busy")
+        assert "the node already has 4" in node_wide.json()["error"]["message"]
+        assert len(list(files.glob("argv.*"))) == 4  # the refused ones started nothing
+        assert fresh_node.metric('sam_node_refusals_total{reason="spawn-busy"}') == 2
+    finally:
+        (files / "release").touch()
+        for t in threads:
+            t.join(60)
+    assert [replies[i].status for i in range(4)] == [200] * 4
+    # Answered spawns give their slots back.
+    assert call(sock_path, "POST", "/ops/spawn", READER, body={"template": "slow"}).status == 200

@@ -1,0 +1,73 @@
+// parseUntrustedJson (json_limits.h): the depth cap every JSON from outside the node goes
+// through, and that a refused text neither crashes nor is half-used.
+
+#include "sam-node/json_limits.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace samnode {
+namespace {
+
+std::string nested(size_t depth, char open = '[', char close = ']') {
+  return std::string(depth, open) + std::string(depth, close);
+}
+
+TEST(JsonLimits, ParsesOrdinaryJson) {
+  UntrustedJson r = parseUntrustedJson(R"({"jsonrpc":"2.0","id":1,"params":{"a":[1,{"b":null}]}})");
+  ASSERT_TRUE(r.ok()) << r.why;
+  EXPECT_EQ(r.value["params"]["a"][1]["b"], nullptr);
+  EXPECT_TRUE(r.why.empty());
+  EXPECT_TRUE(parseUntrustedJson("3").ok());
+  EXPECT_TRUE(parseUntrustedJson(R"("x")").ok());
+}
+
+TEST(JsonLimits, TakesExactlyTheCapAndRefusesOneMore) {
+  UntrustedJson at = parseUntrustedJson(nested(kMaxJsonDepth));
+  ASSERT_TRUE(at.ok()) << at.why;
+  UntrustedJson over = parseUntrustedJson(nested(kMaxJsonDepth + 1));
+  EXPECT_EQ(over.failure, UntrustedJson::kTooDeep);
+  EXPECT_EQ(over.why, "nested deeper than 64 arrays/objects");
+  EXPECT_TRUE(over.value.is_null());
+  // Objects and arrays count alike, mixed.
+  std::string mixed;
+  for (int i = 0; i <= kMaxJsonDepth; ++i) mixed += i % 2 ? "[" : R"({"k":)";
+  mixed += "0";
+  for (int i = kMaxJsonDepth; i >= 0; --i) mixed += i % 2 ? "]" : "}";
+  EXPECT_EQ(parseUntrustedJson(mixed).failure, UntrustedJson::kTooDeep);
+  EXPECT_EQ(parseUntrustedJson(nested(3), 2).failure, UntrustedJson::kTooDeep);
+  EXPECT_TRUE(parseUntrustedJson(nested(2), 2).ok());
+}
+
+TEST(JsonLimits, WideIsNotDeep) {
+  std::string wide = "[";
+  for (int i = 0; i < 10000; ++i) wide += std::string(i ? "," : "") + nested(kMaxJsonDepth - 1);
+  wide += "]";
+  EXPECT_TRUE(parseUntrustedJson(wide).ok());
+}
+
+TEST(JsonLimits, HalfAMillionLevelsAreRefusedWithoutACrash) {
+  // The text the hostile-agent test sends: a copy or dump() of it overflows a thread's stack.
+  std::string text = R"({"jsonrpc":"2.0","id":1,"params":{"x":)" + nested(500000) + "}}";
+  EXPECT_EQ(parseUntrustedJson(text).failure, UntrustedJson::kTooDeep);
+  // Deep and broken: refused either way, never thrown.
+  EXPECT_FALSE(parseUntrustedJson(std::string(500000, '[')).ok());
+}
+
+TEST(JsonLimits, SyntaxErrorsNameTheByteNotTheInput) {
+  for (const char* text : {"", "{", "{oops", R"({"a":1}x)", "[1,]", "\"\xff\"", "nul"}) {
+    SCOPED_TRACE(text);
+    UntrustedJson r = parseUntrustedJson(text);
+    EXPECT_EQ(r.failure, UntrustedJson::kSyntax);
+    EXPECT_EQ(r.why.rfind("not valid JSON (at byte ", 0), 0u) << r.why;
+    EXPECT_EQ(r.why.find("oops"), std::string::npos);
+  }
+  // nlohmann reports a number beyond double as out_of_range, not parse_error: still refused.
+  UntrustedJson huge = parseUntrustedJson(R"({"id":1e999999})");
+  EXPECT_EQ(huge.failure, UntrustedJson::kSyntax);
+  EXPECT_EQ(huge.why, "not valid JSON (a number out of range)");
+}
+
+}  // namespace
+}  // namespace samnode
