@@ -256,8 +256,10 @@ def sam_node():
         return n.start() if start else n
 
     yield make
+    # SIGTERM first: a node that stops cleanly also stops the runners it spawned (their own
+    # sessions would outlive a SIGKILLed node).
     for n in nodes:
-        n.close()
+        n.close(grace=5)
 
 
 # ---------------------------------------------------------------------------------------
