@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "sam-node/json_limits.h"
 #include "sam-node/node.h"
 #include "sam-node/proxy.h"
 
@@ -90,7 +91,10 @@ struct A2aDirectory::Impl {
     try {
       const UpstreamResponse r = fetch(up, kMaxCardBytes);
       if (r.status != 200) return false;
-      return nlohmann::json::parse(r.body, nullptr, false).is_object();
+      const UntrustedJson card = parseUntrustedJson(r.body);
+      if (!card.ok())
+        common::log::debug("a2a card probe: not a card", {{"service", s.name}, {"why", card.why}});
+      return card.ok() && card.value.is_object();
     } catch (const UpstreamError&) {
       return false;
     }
@@ -176,6 +180,14 @@ void A2aDirectory::serve(const Request& req, ResponseWriter& out) {
            "no a2a service \"" + name + "\" is granted to this agent");
     return;
   }
+  noteAccess(name);
+  // The name was matched exactly above; the rest goes below the agent's base URL, where a dot
+  // segment would reach another agent on the same host.
+  if (const std::string_view why = pathProblem(rest); !why.empty()) {
+    refuse(node, req, out, kRoute, 400, "bad-path",
+           "the path has " + std::string(why) + ": it could name something outside /a2a/" + name);
+    return;
+  }
   if (!ready(name)) {
     refuse(node, req, out, kRoute, 503, "service-not-ready",
            "a2a service \"" + name + "\" does not answer its card probe");
@@ -196,10 +208,17 @@ void A2aDirectory::serve(const Request& req, ResponseWriter& out) {
       upstreamFailed(node, req, out, kRoute, name, "upstream-unreachable", e.what());
       return;
     }
-    auto card = nlohmann::json::parse(r.body, nullptr, false);
-    if (r.status == 200 && card.is_object()) {
-      rewriteCard(card, service->target_url, std::string(kMeshBase) + name);
-      r.body = card.dump();
+    if (r.status == 200) {
+      // Depth-capped (json_limits.h): rewriting and dump() recurse once per level.
+      UntrustedJson card = parseUntrustedJson(r.body);
+      if (!card.ok() || !card.value.is_object()) {
+        // Relayed as it came, it would hand the caller addresses that bypass the node.
+        upstreamFailed(node, req, out, kRoute, name, "bad-agent-card",
+                       card.ok() ? "the agent card is not a JSON object" : card.why);
+        return;
+      }
+      rewriteCard(card.value, service->target_url, std::string(kMeshBase) + name);
+      r.body = card.value.dump();
       node.metrics.request(kRoute, "allowed");
       out.send(200, r.headers, r.body);  // the writer sets the new length
       return;

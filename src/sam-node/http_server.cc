@@ -124,8 +124,10 @@ bool writeAll(int fd, std::string_view data) { return writeAll(fd, std::span(&da
 
 class ConnWriter : public ResponseWriter {
  public:
-  ConnWriter(int fd, bool keep_alive, bool http10, bool head)
-      : fd_(fd), keep_alive_(keep_alive), http10_(http10), head_(head) {}
+  /// `refusals` (may be null) counts fields begin() refuses to write.
+  ConnWriter(int fd, bool keep_alive, bool http10, bool head,
+             const RefusalCounter* refusals = nullptr)
+      : fd_(fd), keep_alive_(keep_alive), http10_(http10), head_(head), refusals_(refusals) {}
 
   bool send(int status, const Headers& headers, std::string_view body) override {
     if (!begin(status, headers, body.size())) return false;
@@ -136,13 +138,27 @@ class ConnWriter : public ResponseWriter {
   bool begin(int status, const Headers& headers, std::optional<size_t> content_length) override {
     if (started_) return false;
     started_ = true;
+    status_ = status;
     no_body_ = head_ || status == 204 || status == 304 || (status >= 100 && status < 200);
     std::string out = "HTTP/1.1 " + std::to_string(status) + " ";
     out += reasonPhrase(status);
     out += "\r\n";
+    size_t refused = 0;
     for (const auto& [name, value] : headers) {
       if (isHopByHop(name)) continue;
+      if (!isFieldName(name) || !isFieldValue(value)) {
+        // Written as is, a CR or LF would end the line early: the client would read a field
+        // (or a body) nobody sent.
+        ++refused;
+        continue;
+      }
       out += name + ": " + value + "\r\n";
+    }
+    if (refused > 0) {
+      common::log::warn(
+          "response field refused",
+          {{"reason", "bad-response-field"}, {"status", status}, {"fields", refused}});
+      if (refusals_ != nullptr && *refusals_) (*refusals_)("bad-response-field");
     }
     if (content_length) {
       remaining_ = *content_length;
@@ -189,6 +205,7 @@ class ConnWriter : public ResponseWriter {
   }
 
   [[nodiscard]] bool started() const override { return started_; }
+  [[nodiscard]] int status() const override { return status_; }
   /// True if the connection may carry another request after this response.
   [[nodiscard]] bool reusable() const { return ok_ && finished_ && keep_alive_; }
 
@@ -209,6 +226,8 @@ class ConnWriter : public ResponseWriter {
 
   int fd_;
   bool keep_alive_, http10_, head_;
+  const RefusalCounter* refusals_;
+  int status_ = 0;
   bool started_ = false, finished_ = false, ok_ = true, chunked_ = false, no_body_ = false;
   std::optional<size_t> remaining_;
   std::string pending_head_;  // the head, until the first body bytes go with it
@@ -325,6 +344,24 @@ std::optional<std::string> findHeader(const Headers& headers, std::string_view n
   return std::nullopt;
 }
 
+bool isFieldName(std::string_view name) {
+  if (name.empty()) return false;
+  for (const char c : name) {
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+    if (!alnum && std::string_view("!#$%&'*+-.^_`|~").find(c) == std::string_view::npos)
+      return false;
+  }
+  return true;
+}
+
+bool isFieldValue(std::string_view value) {
+  for (const char c : value) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && u != '\t') || u == 0x7f) return false;
+  }
+  return true;
+}
+
 bool sendJson(ResponseWriter& out, int status, const std::string& json) {
   return out.send(status, {{"Content-Type", "application/json"}}, json);
 }
@@ -433,7 +470,7 @@ void HttpServer::Impl::serveConnection(common::UniqueFd fd) {
         finishRequest(req);
         const bool head = req.method == "HEAD";
         ConnWriter out(fd.get(), llhttp_should_keep_alive(&parser) != 0,
-                       parser.http_major == 1 && parser.http_minor == 0, head);
+                       parser.http_major == 1 && parser.http_minor == 0, head, &refusals);
         try {
           handler(req, out);
         } catch (const std::exception& e) {

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "policy/name.h"
+#include "sam-node/upstream.h"
 
 namespace samnode {
 namespace {
@@ -94,6 +95,13 @@ std::string Metrics::render() const {
                a2a_ready_);
   renderFamily(out, "sam_node_operations_total", "counter", "Relayed privileged operations.",
                operations_);
+  // Kept by upstream.cc, which sanitises every response head whatever route asked for it.
+  out +=
+      "# HELP sam_node_upstream_fields_dropped_total Invalid response header fields dropped "
+      "from upstream answers.\n"
+      "# TYPE sam_node_upstream_fields_dropped_total counter\n"
+      "sam_node_upstream_fields_dropped_total " +
+      std::to_string(droppedResponseFields()) + "\n";
   return out;
 }
 

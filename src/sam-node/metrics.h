@@ -28,6 +28,8 @@ class Metrics {
   /// sam_node_operations_total{operation,outcome}: operation "spawn", "secret-use".
   void operation(std::string_view operation, std::string_view outcome);
 
+  /// Every family above, plus sam_node_upstream_fields_dropped_total (invalid response header
+  /// fields dropped from upstream answers, upstream.h droppedResponseFields()).
   [[nodiscard]] std::string render() const;
 
  private:

@@ -33,7 +33,16 @@ struct Node {
 void refuse(Node& node, const Request& req, ResponseWriter& out, std::string_view route, int status,
             std::string_view reason, std::string_view message);
 
-/// /v1/... (openai.cc).
+/// Adds to the access log line of the request the calling thread serves, which dispatch()
+/// writes once the route returns: `service`, the configured service the request is about
+/// (empty: leave as is), and `outcome` ("allowed", "denied", "error"; empty: leave as is)
+/// with its kebab-case `reason`. refuse(), proxyStream() and upstreamFailed() call it; a
+/// route calls it when it settles on a service. No-op on a thread outside dispatch().
+void noteAccess(std::string_view service, std::string_view outcome = {},
+                std::string_view reason = {});
+
+/// /v1/... (openai.cc). A path that could leave the service's base (pathProblem(), proxy.h)
+/// is refused 400 bad-path before anything else.
 void serveOpenai(Node& node, const Request& req, ResponseWriter& out);
 
 /// POST /mcp (mcp.cc). Holds upstream MCP sessions; thread-safe.
@@ -50,7 +59,8 @@ class McpAggregator {
   std::unique_ptr<Impl> impl_;
 };
 
-/// GET /a2a and /a2a/<name>/... (a2a.cc). Owns the probe thread (started by start()).
+/// GET /a2a and /a2a/<name>/... (a2a.cc). Owns the probe thread (started by start()). After
+/// the grant check, a <rest> that could leave the agent's base is refused 400 bad-path.
 class A2aDirectory {
  public:
   explicit A2aDirectory(Node& node);
@@ -82,8 +92,13 @@ class Operations {
 };
 
 /// The node's whole API (router.cc): refuses a request without X-Sam-Agent (401
-/// missing-agent-identity), then dispatches by path: /v1/... to serveOpenai, /mcp to `mcp`,
-/// /a2a and /a2a/... to `a2a`, /ops/... to `ops`; anything else is 404 unknown-route.
+/// missing-agent-identity) or with more than one (400 ambiguous-agent-identity; names compared
+/// ignoring case with '_' read as '-', as sam-box does), then dispatches by path: /v1/... to
+/// serveOpenai, /mcp to `mcp`, /a2a and /a2a/... to `a2a`, /ops/... to `ops`; anything else is
+/// 404 unknown-route. Every request, whatever the route did, ends with one info line "request"
+/// in the log: caller, method, path (without the query), route, service (when noted),
+/// outcome, reason (when refused or failed), status and duration_ms. Never a field value,
+/// the query or the body: they may carry secrets.
 void dispatch(Node& node, McpAggregator& mcp, A2aDirectory& a2a, Operations& ops,
               const Request& req, ResponseWriter& out);
 

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
+#include "sam-node/json_limits.h"
 #include "sam-node/node.h"
 #include "sam-node/proxy.h"
 #include "sam-node/secrets.h"
@@ -31,14 +32,23 @@ void listModels(Node& node, const Request& req, ResponseWriter& out) {
   sendJson(out, 200, nlohmann::json{{"object", "list"}, {"data", data}}.dump());
 }
 
-// The body's "model" when it names a granted service; else the only granted service.
+// The body's "model" when it names a granted service; else the only granted service. A body
+// that is not JSON, or nested too deep to be a request (json_limits.h), names no model; it
+// still goes to the only granted service, which answers it as it sees fit.
 const Service* chooseService(const std::vector<const Service*>& granted, const Request& req) {
   if (!req.body.empty()) {
-    const auto body = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-    if (body.is_object() && body.contains("model") && body["model"].is_string()) {
-      const auto& model = body["model"].get_ref<const std::string&>();
-      for (const Service* s : granted)
-        if (s->name == model) return s;
+    const UntrustedJson parsed = parseUntrustedJson(req.body);
+    const nlohmann::json& body = parsed.value;
+    if (!parsed.ok()) {
+      common::log::debug("request body names no model",
+                         {{"caller", req.agent}, {"route", kRoute}, {"why", parsed.why}});
+    } else if (body.is_object()) {
+      const auto model = body.find("model");
+      if (model != body.end() && model->is_string()) {
+        const auto& name = model->get_ref<const std::string&>();
+        for (const Service* s : granted)
+          if (s->name == name) return s;
+      }
     }
   }
   return granted.size() == 1 ? granted.front() : nullptr;
@@ -47,6 +57,13 @@ const Service* chooseService(const std::vector<const Service*>& granted, const R
 }  // namespace
 
 void serveOpenai(Node& node, const Request& req, ResponseWriter& out) {
+  // Checked first: the rest of the path is appended to the service's base URL, and a dot
+  // segment would take the operator's api_key to another path of the model host.
+  if (const std::string_view why = pathProblem(req.path); !why.empty()) {
+    refuse(node, req, out, kRoute, 400, "bad-path",
+           "the path has " + std::string(why) + ": it could name something outside /v1");
+    return;
+  }
   if (req.path == "/v1/models" && req.method == "GET") {
     listModels(node, req, out);
     return;
@@ -62,6 +79,7 @@ void serveOpenai(Node& node, const Request& req, ResponseWriter& out) {
            "the request's \"model\" names no granted model service (see GET /v1/models)");
     return;
   }
+  noteAccess(service->name);
   UpstreamRequest up;
   up.method = req.method;
   // target_url is the service's /v1 base: /v1/<rest> goes to <target_url>/<rest>.

@@ -9,22 +9,80 @@
 namespace samnode {
 namespace {
 
-bool startsWithIgnoreCase(std::string_view text, std::string_view prefix) {
+// `text` starts with `prefix` (lower case, '-' for a dash), ignoring case and reading '_' as
+// '-': the spellings a CGI-style upstream folds together.
+bool startsWithFolded(std::string_view text, std::string_view prefix) {
   if (text.size() < prefix.size()) return false;
   for (size_t i = 0; i < prefix.size(); ++i) {
     char c = text[i];
     if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    if (c == '_') c = '-';
     if (c != prefix[i]) return false;
   }
   return true;
+}
+
+// Rounds of percent-decoding a path segment may take before it is refused as obfuscated.
+constexpr int kMaxDecodeRounds = 3;
+
+int hexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Decodes every well-formed percent-escape of `text` once; a '%' without two hex digits after
+// it is kept as it is.
+std::string percentDecode(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '%' && i + 2 < text.size() && hexValue(text[i + 1]) >= 0 &&
+        hexValue(text[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hexValue(text[i + 1]) * 16 + hexValue(text[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(text[i]);
+    }
+  }
+  return out;
+}
+
+bool wellFormedEscapes(std::string_view text) {
+  for (size_t i = 0; i < text.size(); ++i)
+    if (text[i] == '%' &&
+        (i + 2 >= text.size() || hexValue(text[i + 1]) < 0 || hexValue(text[i + 2]) < 0))
+      return false;
+  return true;
+}
+
+// One path segment (between two '/'): what is wrong with it, or empty.
+std::string_view segmentProblem(std::string_view raw) {
+  // Decoded until nothing changes: an upstream (or a chain of them) may decode more than
+  // once. Real paths are encoded once ("%2525..." is someone hiding something), so a few
+  // rounds decide; an unbounded loop would cost a long segment quadratic time.
+  std::string decoded(raw);
+  for (int round = 0;; ++round) {
+    std::string next = percentDecode(decoded);
+    if (next == decoded) break;
+    if (round == kMaxDecodeRounds) return "percent-encoding nested more than 3 deep";
+    decoded = std::move(next);
+  }
+  if (decoded.find_first_of(std::string_view("/\\\0", 3)) != std::string::npos)
+    return "an encoded '/', '\\' or NUL";
+  // "..;x" is ".." to servers that strip path parameters before normalising.
+  const std::string_view name = std::string_view(decoded).substr(0, decoded.find(';'));
+  if (name == "." || name == "..") return "a dot segment";
+  return {};
 }
 
 bool dropped(std::string_view name) {
   for (std::string_view h : {"host", "authorization", "proxy-authorization", "connection",
                              "keep-alive", "transfer-encoding", "content-length", "te", "trailer",
                              "upgrade", "proxy-connection", "expect"})
-    if (name.size() == h.size() && startsWithIgnoreCase(name, h)) return true;
-  return startsWithIgnoreCase(name, "x-sam-");
+    if (name.size() == h.size() && startsWithFolded(name, h)) return true;
+  return startsWithFolded(name, "x-sam-");
 }
 
 // The body length the upstream announced, when its framing is a plain Content-Length (RFC 9112
@@ -51,6 +109,19 @@ Headers forwardableHeaders(const Headers& headers) {
   return out;
 }
 
+std::string_view pathProblem(std::string_view path) {
+  if (path.find('\\') != std::string_view::npos) return "a backslash";
+  if (!wellFormedEscapes(path)) return "a '%' not followed by two hex digits";
+  while (!path.empty()) {
+    const size_t slash = path.find('/');
+    const std::string_view segment = path.substr(0, slash);
+    if (const std::string_view why = segmentProblem(segment); !why.empty()) return why;
+    if (slash == std::string_view::npos) break;
+    path.remove_prefix(slash + 1);
+  }
+  return {};
+}
+
 void upstreamFailed(Node& node, const Request& req, ResponseWriter& out, std::string_view route,
                     std::string_view service, std::string_view reason, std::string_view detail) {
   common::log::error("upstream failed", {{"caller", req.agent},
@@ -59,6 +130,7 @@ void upstreamFailed(Node& node, const Request& req, ResponseWriter& out, std::st
                                          {"reason", reason},
                                          {"detail", detail}});
   node.metrics.request(route, "error");
+  noteAccess(service, "error", reason);
   if (out.started()) return;
   const nlohmann::json body = {{"error",
                                 {{"message", std::string(service) + ": " + std::string(detail)},
@@ -70,6 +142,7 @@ void upstreamFailed(Node& node, const Request& req, ResponseWriter& out, std::st
 
 void proxyStream(Node& node, const Request& req, ResponseWriter& out, std::string_view route,
                  std::string_view service, const UpstreamRequest& up) {
+  noteAccess(service);
   bool complete = false;
   try {
     complete = stream(
@@ -93,6 +166,7 @@ void proxyStream(Node& node, const Request& req, ResponseWriter& out, std::strin
     // The client went away, or the upstream broke off mid-body: the writer is left
     // unfinished, so the server closes the connection rather than reusing it.
     node.metrics.request(route, "error");
+    noteAccess(service, "error", "ended-early");
     common::log::warn("proxied response ended early",
                       {{"caller", req.agent}, {"route", route}, {"service", service}});
   }

@@ -2,14 +2,28 @@
 
 #include <curl/curl.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <vector>
 
+#include "common/log.h"
+
 namespace samnode {
 namespace {
+
+// Response fields dropped by onHeader since start (droppedResponseFields()).
+std::atomic<uint64_t> g_dropped_fields{0};
+
+// "scheme://authority" of `url`, for log lines: the path and query may carry what the caller
+// put there, the origin names the upstream.
+std::string_view origin(std::string_view url) {
+  const auto scheme_end = url.find("://");
+  if (scheme_end == std::string_view::npos) return {};
+  return url.substr(0, url.find_first_of("/?#", scheme_end + 3));
+}
 
 bool iequals(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
@@ -80,6 +94,7 @@ HandlePool& pool() {
 }
 
 struct Transfer {
+  std::string_view url;
   const std::function<bool(int, const Headers&)>* on_head = nullptr;
   const std::function<bool(std::string_view)>* on_data = nullptr;
   const std::atomic<bool>* cancel = nullptr;
@@ -89,6 +104,47 @@ struct Transfer {
   bool aborted = false;    // a callback said stop
   bool cancelled = false;  // the server is stopping, or the caller's cancel flag
   std::exception_ptr error;
+  bool last_field_kept = false;  // the field an obs-fold line would continue was kept
+  bool drop_logged = false;      // one log line per response, however many fields it drops
+
+  // Counts a dropped field and logs the first of the response, with why.
+  void dropField(std::string_view reason) {
+    last_field_kept = false;
+    g_dropped_fields.fetch_add(1, std::memory_order_relaxed);
+    if (drop_logged) return;
+    drop_logged = true;
+    common::log::warn("upstream response field dropped",
+                      {{"upstream", origin(url)}, {"status", status}, {"reason", reason}});
+  }
+
+  // One field line (CRLF removed) of the response head: kept if it is a valid field,
+  // appended to the previous field if it is an obs-fold continuation, else dropped. libcurl
+  // splits lines at LF only, so a bare CR is still inside `line` here.
+  void addField(std::string_view line) {
+    if (line.front() == ' ' || line.front() == '\t') {
+      // obs-fold (RFC 9112 §5.2): a gateway replaces it with SP before forwarding.
+      if (!last_field_kept || headers.empty()) return dropField("obs-fold-after-dropped-field");
+      while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+      std::string& value = headers.back().second;
+      if (!line.empty()) value += (value.empty() ? "" : " ") + std::string(line);
+      if (!isFieldValue(value)) {
+        headers.pop_back();
+        dropField("bad-field-value");
+      }
+      return;
+    }
+    const auto colon = line.find(':');
+    if (colon == std::string_view::npos) return dropField("no-colon");
+    const std::string_view name = line.substr(0, colon);
+    std::string_view value = line.substr(colon + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t'))
+      value.remove_prefix(1);
+    while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+    if (!isFieldName(name)) return dropField("bad-field-name");
+    if (!isFieldValue(value)) return dropField("bad-field-value");
+    headers.emplace_back(std::string(name), std::string(value));
+    last_field_kept = true;
+  }
 
   bool deliverHead() {
     head_done = true;
@@ -100,12 +156,16 @@ size_t onHeader(char* data, size_t size, size_t count, void* user) {
   auto& t = *static_cast<Transfer*>(user);
   const size_t n = size * count;
   if (t.head_done) return n;  // trailers after a chunked body: not passed on
+  // The line ends in CRLF (or a bare LF); only that ending is removed, so a CR inside the
+  // line is seen (and refused) by addField.
   std::string_view line(data, n);
-  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.remove_suffix(1);
+  if (line.ends_with('\n')) line.remove_suffix(1);
+  if (line.ends_with('\r')) line.remove_suffix(1);
   try {
     if (line.starts_with("HTTP/")) {
       // A new status line: an interim (1xx) response's fields are discarded.
       t.headers.clear();
+      t.last_field_kept = false;
       const auto sp = line.find(' ');
       t.status =
           sp == std::string_view::npos ? 0 : std::atoi(std::string(line.substr(sp + 1, 3)).c_str());
@@ -115,15 +175,7 @@ size_t onHeader(char* data, size_t size, size_t count, void* user) {
         return 0;
       }
     } else {
-      const auto colon = line.find(':');
-      if (colon != std::string_view::npos) {
-        std::string_view value = line.substr(colon + 1);
-        while (!value.empty() && (value.front() == ' ' || value.front() == '\t'))
-          value.remove_prefix(1);
-        while (!value.empty() && (value.back() == ' ' || value.back() == '\t'))
-          value.remove_suffix(1);
-        t.headers.emplace_back(std::string(line.substr(0, colon)), std::string(value));
-      }
+      t.addField(line);
     }
   } catch (...) {
     t.error = std::current_exception();
@@ -171,6 +223,7 @@ bool stream(const UpstreamRequest& request, const std::function<bool(int, const 
   CURL* h = curl.get();
   char errbuf[CURL_ERROR_SIZE] = {};
   Transfer t;
+  t.url = request.url;
   t.on_head = &on_head;
   t.on_data = &on_data;
   t.cancel = request.cancel;
@@ -193,6 +246,9 @@ bool stream(const UpstreamRequest& request, const std::function<bool(int, const 
   if (!findHeader(request.headers, "accept")) append("Accept:");
 
   curl_easy_setopt(h, CURLOPT_URL, request.url.c_str());
+  // The path goes out exactly as the route checked it (proxy.h pathProblem): libcurl would
+  // otherwise resolve "/base/../x" itself, to a path outside the base.
+  curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L);
   curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);  // a redirect is the caller's answer
   curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, request.fresh_connection ? 1L : 0L);
@@ -237,6 +293,8 @@ bool stream(const UpstreamRequest& request, const std::function<bool(int, const 
   }
   return false;
 }
+
+uint64_t droppedResponseFields() { return g_dropped_fields.load(std::memory_order_relaxed); }
 
 UpstreamResponse fetch(const UpstreamRequest& request, size_t max_body) {
   UpstreamResponse response;

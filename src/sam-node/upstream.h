@@ -10,6 +10,14 @@
 // by libcurl before reuse, and a request on a reused connection that dies before any answer is
 // retried once on a fresh one.
 //
+// Response heads are sanitised before anyone sees them: a field whose name is not a token or
+// whose value holds CR, LF, NUL or another control character is dropped (counted, and logged
+// once per response), and an obs-fold continuation line is unfolded into its field with one SP
+// (RFC 9112 §5.2), or dropped with a field that was dropped. A hostile upstream cannot make
+// the node write a field the agent's parser would split differently.
+//
+// Request paths go out as given (CURLOPT_PATH_AS_IS): libcurl does not resolve dot segments.
+//
 // A transfer is given up within about a second (libcurl calls the progress callback at least
 // once a second) when the thread serves a request of a stopping HttpServer (stopRequested(),
 // http.h) or when the request's `cancel` flag is set.
@@ -18,6 +26,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -59,9 +68,13 @@ inline constexpr size_t kMaxIdleHandles = 32;
 
 struct UpstreamResponse {
   int status = 0;
-  Headers headers;  ///< final response's fields (names as sent)
+  Headers headers;  ///< final response's valid fields (names as sent), obs-folds unfolded
   std::string body;
 };
+
+/// Response header fields dropped as invalid since the process started (all threads); the node
+/// exposes it as sam_node_upstream_fields_dropped_total.
+uint64_t droppedResponseFields();
 
 /// Performs the request and buffers the body, refusing (UpstreamError) bodies over
 /// `max_body` bytes.

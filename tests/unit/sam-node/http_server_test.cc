@@ -301,5 +301,50 @@ TEST(HttpServerTest, FindHeaderIgnoresCase) {
   EXPECT_EQ(findHeader(h, "missing"), std::nullopt);
 }
 
+TEST(HttpServerTest, FieldNamesAreTokens) {
+  for (const char* good : {"Content-Type", "x-sam-agent", "X_Odd", "a!#$%&'*+-.^_`|~9"})
+    EXPECT_TRUE(isFieldName(good)) << good;
+  for (std::string_view bad :
+       {std::string_view(""), std::string_view("Bad Name"), std::string_view("a:b"),
+        std::string_view("a\rb"), std::string_view("a\nb"), std::string_view("a\0b", 3),
+        std::string_view(" lead"), std::string_view("a\"b"), std::string_view("a(b)"),
+        std::string_view("\xc3\xa9")})
+    EXPECT_FALSE(isFieldName(bad)) << bad;
+}
+
+TEST(HttpServerTest, FieldValuesHaveNoLineBreaksOrControls) {
+  for (const char* good : {"", "text/plain; charset=utf-8", "a\tb", "\xc3\xa9", "~!@#"})
+    EXPECT_TRUE(isFieldValue(good)) << good;
+  for (std::string_view bad :
+       {std::string_view("a\rInjected: b"), std::string_view("a\nb"), std::string_view("a\0b", 3),
+        std::string_view("a\x01"), std::string_view("a\x7f")})
+    EXPECT_FALSE(isFieldValue(bad)) << bad;
+}
+
+TEST(HttpServerTest, WriterRefusesFieldsThatWouldSplitTheHead) {
+  int seen_status = -1;
+  Served s([&](const Request&, ResponseWriter& out) {
+    EXPECT_EQ(out.status(), 0);
+    out.send(200,
+             {{"X-Evil", "a\rInjected: b"},
+              {"Bad Name", "v"},
+              {"X-Split", "a\r\nInjected: c"},
+              {"X-Fine", "yes"}},
+             "ok");
+    seen_status = out.status();
+  });
+  auto fd = s.connect();
+  sendAll(fd.get(), "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string all = readToEof(fd.get());
+  const std::string head = all.substr(0, all.find("\r\n\r\n"));
+  EXPECT_THAT(head, StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(head, HasSubstr("X-Fine: yes\r\n"));
+  EXPECT_THAT(head, Not(HasSubstr("Injected")));
+  EXPECT_THAT(head, Not(HasSubstr("Bad Name")));
+  EXPECT_THAT(all, testing::EndsWith("\r\n\r\nok"));
+  EXPECT_EQ(seen_status, 200);
+  EXPECT_THAT(s.refusals(), testing::ElementsAre("bad-response-field"));
+}
+
 }  // namespace
 }  // namespace samnode

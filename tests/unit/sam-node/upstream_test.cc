@@ -24,6 +24,7 @@ namespace samnode {
 namespace {
 
 using ::testing::HasSubstr;
+using namespace std::string_literals;
 
 // Generous: only keeps a broken build from hanging the test run; never a timed assertion.
 constexpr auto kDeadline = std::chrono::seconds(60);
@@ -93,6 +94,94 @@ class KeepAliveUpstream {
   std::atomic<int> accepted_{0};
   std::thread thread_;
 };
+
+// A real upstream on loopback that answers one request with `response` (raw bytes, so it can
+// be as malformed as a hostile server makes it) and keeps the request head it received.
+class OneShotUpstream {
+ public:
+  explicit OneShotUpstream(std::string response)
+      : listener_(listenLoopback(port_)), response_(std::move(response)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~OneShotUpstream() { thread_.join(); }
+  [[nodiscard]] std::string origin() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  /// The request head as received; call after the transfer ended.
+  [[nodiscard]] std::string head() const { return head_; }
+
+ private:
+  void run() {
+    pollfd p{listener_.get(), POLLIN, 0};
+    if (::poll(&p, 1, 60000) <= 0) return;
+    const common::UniqueFd c(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    std::string got;
+    char buf[4096];
+    while (got.find("\r\n\r\n") == std::string::npos) {
+      pollfd q{c.get(), POLLIN, 0};
+      if (::poll(&q, 1, 60000) <= 0) return;
+      const ssize_t n = ::recv(c.get(), buf, sizeof buf, 0);
+      if (n <= 0) return;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    head_ = got.substr(0, got.find("\r\n\r\n"));
+    ::send(c.get(), response_.data(), response_.size(), MSG_NOSIGNAL);
+  }
+
+  uint16_t port_ = 0;
+  common::UniqueFd listener_;
+  std::string response_;
+  std::string head_;
+  std::thread thread_;
+};
+
+TEST(UpstreamTest, InvalidResponseFieldsAreDroppedAndObsFoldIsUnfolded) {
+  const uint64_t dropped_before = droppedResponseFields();
+  UpstreamResponse r;
+  {
+    OneShotUpstream upstream(
+        "HTTP/1.1 200 OK\r\n"
+        "X-Evil: a\rInjected: b\r\n"  // bare CR: a line break to some parsers
+        "Bad Name: v\r\n"             // a name that is not a token
+        " folded: x\r\n"              // continues the dropped field: dropped with it
+        "X-Long: one\r\n"
+        "\t two\r\n"  // obs-fold of a kept field: joined with one SP
+        "X-Fine: yes\r\n"
+        "Content-Length: 2\r\nConnection: close\r\n\r\nok");
+    UpstreamRequest req;
+    req.url = upstream.origin() + "/";
+    r = fetch(req, 1024);
+  }
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "ok");
+  EXPECT_EQ(findHeader(r.headers, "x-long"), "one two");
+  EXPECT_EQ(findHeader(r.headers, "x-fine"), "yes");
+  for (const auto& [name, value] : r.headers) {
+    EXPECT_TRUE(isFieldName(name)) << name;
+    EXPECT_TRUE(isFieldValue(value)) << name;
+    EXPECT_THAT(name, testing::Not(HasSubstr("Evil")));
+    EXPECT_THAT(value, testing::Not(HasSubstr("folded")));
+  }
+  EXPECT_EQ(droppedResponseFields() - dropped_before, 3U);
+}
+
+TEST(UpstreamTest, NulInTheResponseHeadFailsTheTransfer) {
+  // libcurl refuses it itself ("Nul byte in header"): nothing of such a head is relayed.
+  OneShotUpstream upstream("HTTP/1.1 200 OK\r\nX-Nul: a\0b\r\nContent-Length: 0\r\n\r\n"s);
+  UpstreamRequest req;
+  req.url = upstream.origin() + "/";
+  EXPECT_THROW(fetch(req, 1024), UpstreamError);
+}
+
+TEST(UpstreamTest, PathGoesOutAsGivenWithoutDotSegmentResolution) {
+  std::string head;
+  {
+    OneShotUpstream upstream("HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
+    UpstreamRequest req;
+    req.url = upstream.origin() + "/base/../admin/./x%2e%2E?q=/../";
+    EXPECT_EQ(fetch(req, 1024).status, 204);
+    head = upstream.head();
+  }
+  EXPECT_THAT(head, testing::StartsWith("GET /base/../admin/./x%2e%2E?q=/../ HTTP/1.1\r\n"));
+}
 
 TEST(UpstreamTest, ConnectionIsKeptAliveAcrossRequestsAndThreads) {
   KeepAliveUpstream upstream;
