@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 
 namespace sambox {
 
@@ -50,6 +51,16 @@ inline constexpr int kAgentSendBufferBytes = 1024 * 1024;
 inline constexpr size_t kRelayIdlePipes = 8;
 /// Read buffer of the userspace copies (mesh requests, capsules, request heads).
 inline constexpr size_t kReadBufferBytes = size_t{16} * 1024;
+/// HTTP/2 (h2_session.h): the receive window of each stream, in bytes. An agent stream's
+/// bytes are credited back only once its upstream socket took them, so this is the most
+/// sam-box buffers per stream towards the upstream.
+inline constexpr int32_t kH2StreamWindowBytes = 256 * 1024;
+/// HTTP/2: the connection's receive window, in bytes: the most buffered towards upstreams
+/// over all streams of one connection.
+inline constexpr int32_t kH2ConnectionWindowBytes = 16 * 1024 * 1024;
+/// HTTP/2: bytes from an upstream waiting to be framed for the agent, per stream; past it
+/// sam-box stops reading that upstream until the agent's flow-control window lets them go.
+inline constexpr size_t kH2StreamBufferBytes = size_t{256} * 1024;
 /// Longest credential token file read, in bytes.
 inline constexpr size_t kMaxTokenFileBytes = size_t{16} * 1024;
 

@@ -3,6 +3,7 @@
 #include "common/log.h"
 #include "proto/tunnel_request.h"
 #include "sam-box/classify.h"
+#include "sam-box/h2_session.h"
 #include "sam-box/limits.h"
 #include "sam-box/server_internal.h"
 
@@ -138,18 +139,46 @@ asio::awaitable<Server::Head> Server::readHead(UnixSocket& agent) {
   std::array<char, kReadBufferBytes> buf;  // NOLINT(cppcoreguidelines-pro-type-member-init)
   using Status = proto::TunnelRequestParser::Status;
   auto status = Status::kNeedMore;
-  size_t last_read = 0;
+  // The bytes of the last feed(), for the early data after the head.
+  std::string_view last_fed;
+  // Bytes held back while they may still be the HTTP/2 preface (h2_session.h). An HTTP/1.1
+  // head differs from it at its first byte, so for HTTP/1.1 this stays empty.
+  std::string sniff;
+  bool sniffing = true;
+  // Takes `n` read bytes: either detects HTTP/2 (head.h2) or feeds the HTTP/1.1 parser.
+  auto take = [&](size_t n) {
+    std::string_view data(buf.data(), n);
+    if (sniffing) {
+      const std::string_view held = sniff.empty() ? data : sniff.append(data);
+      const PrefaceMatch match = matchH2Preface(held);
+      if (match == PrefaceMatch::kMaybe) {
+        if (sniff.empty()) sniff.assign(data);
+        return;
+      }
+      if (match == PrefaceMatch::kYes) {
+        head.h2 = true;
+        head.early_data.assign(held);
+        return;
+      }
+      sniffing = false;
+      data = held;
+    }
+    last_fed = data;
+    status = parser.feed(data);
+  };
   // The client writes its request right after connecting, so it is usually here already:
   // read it without arming the head timer at all.
   asio::error_code ec;
   agent.non_blocking(true, ec);
-  if (!ec) last_read = agent.read_some(asio::buffer(buf), ec);
+  size_t first = 0;
+  if (!ec) first = agent.read_some(asio::buffer(buf), ec);
   if (!ec) {
-    status = parser.feed(std::string_view(buf.data(), last_read));
+    take(first);
   } else if (ec != asio::error::would_block && ec != asio::error::try_again) {
     head.closed = true;
     co_return head;
   }
+  if (head.h2) co_return head;
   if (status == Status::kNeedMore) {
     asio::steady_timer deadline(io_, kHeadReadTimeout);
     while (status == Status::kNeedMore) {
@@ -167,15 +196,15 @@ asio::awaitable<Server::Head> Server::readHead(UnixSocket& agent) {
         head.closed = true;
         co_return head;
       }
-      last_read = std::get<0>(result);
-      status = parser.feed(std::string_view(buf.data(), last_read));
+      take(std::get<0>(result));
+      if (head.h2) co_return head;
     }
   }
   head.status = status;
   if (status == Status::kComplete) {
     head.kind = parser.request().kind;
     head.authority = parser.request().authority;
-    head.early_data.assign(buf.data() + parser.consumed(), last_read - parser.consumed());
+    head.early_data.assign(last_fed.substr(parser.consumed()));
   } else if (status == Status::kMalformed) {
     head.error = parser.error();
   }
@@ -198,6 +227,11 @@ asio::awaitable<void> Server::serveTunnel(UnixSocket agent) {
 
   Head head = co_await readHead(agent);
   if (head.closed) co_return;
+  if (head.h2) {
+    // The connection keeps its place under the flow cap; each stream takes one more.
+    co_await serveH2Connection(*this, std::move(agent), std::move(head.early_data));
+    co_return;
+  }
   if (head.timed_out) {
     metrics_.limitHit(kLimitHeadReadTimeout);
     co_await refuse(agent, flow, 408, kReasonHeaderTimeout, false);

@@ -22,6 +22,8 @@
 
 namespace sambox {
 
+class H2Session;
+
 /// Binds a Unix stream listener at `path` with mode 0600. A stale socket file (nobody
 /// accepting) is replaced; a live one, or a path that is not a socket, is refused.
 /// Throws std::runtime_error naming `flag`, the path and the errno text.
@@ -30,6 +32,9 @@ asio::local::stream_protocol::acceptor bindUnixListener(asio::io_context& io,
                                                         const std::string& path);
 
 class Server {
+  // An HTTP/2 connection's streams take the same decisions as HTTP/1.1 tunnels.
+  friend class H2Session;
+
  public:
   Server(asio::io_context& io, const Config& config);
   /// Binds every listener and starts accepting. Throws std::runtime_error naming the flag
@@ -56,6 +61,7 @@ class Server {
     std::string authority;
     std::string early_data;  ///< bytes after the head, in the same read
     std::string error;       ///< the parser's reason for a malformed head
+    bool h2 = false;         ///< the HTTP/2 preface arrived; early_data holds every byte read
   };
   asio::awaitable<Head> readHead(UnixSocket& agent);
   asio::awaitable<void> serveTunnel(UnixSocket agent);

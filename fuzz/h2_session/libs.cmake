@@ -1,0 +1,1 @@
+set(FUZZ_LIBS sam_box_lib)
