@@ -24,6 +24,16 @@ class RunnerError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A refusal of the request itself (like validate()'s) that a tier can only see once it is
+/// starting: e.g. podman's `run --pull never` finding no such image, which the podman tier
+/// asks podman run itself rather than spending a second podman process on every start. The
+/// CLI reports it as "refusing to start: …" with kExitUsage, and, as for every throw from
+/// start(), nothing is left running.
+class SpecRefused : public RunnerError {
+ public:
+  using RunnerError::RunnerError;
+};
+
 /// How egress is held (seed 002 "Egress"; DESIGN.md "Two egress mechanisms").
 enum class Posture { kBoundary, kFirewall, kUnenforced };
 /// "boundary", "firewall", "unenforced" (the roster's words).

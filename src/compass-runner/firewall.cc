@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -149,6 +150,11 @@ class FirewallEgress final : public Egress {
   void step(const std::string& name, const std::function<void()>& fn,
             std::function<bool()> undo = nullptr) {
     if (undo) undo_.emplace_back(name, std::move(undo));
+    named(name, fn);
+  }
+
+  // Runs `fn`; a failure becomes RunnerError("egress firewall: <name>: <reason>").
+  static void named(const std::string& name, const std::function<void()>& fn) {
     try {
       fn();
     } catch (const RunnerError& e) {
@@ -160,20 +166,51 @@ class FirewallEgress final : public Egress {
 
   void arm(const policy::Allowlist& allow) {
     const std::string ns_path = netnsPath(netns_name_);
-    {
-      // Held until the slot's addresses are on the host end: they are what marks it taken.
-      std::optional<SlotLock> lock;
-      step("subnet", [&] {
-        lock.emplace();
-        net_ = allocateSubnet(*lock);
+    // Held until the slot's addresses are on the host end: they are what marks it taken.
+    std::optional<SlotLock> lock;
+    step("subnet", [&] {
+      lock.emplace();
+      net_ = allocateSubnet(*lock);
+    });
+    // Three independent chains run at once (each an `ip` or `nft` process, so the start waits
+    // for the slowest, not the sum); every undo is registered before any of them runs, and
+    // all are joined before the next step or before a failure unwinds:
+    // - the netns ruleset, then `verify` of what the kernel holds. It needs only the slot's
+    //   addresses, so the netns is default-drop before its eth0 even comes up. Nothing below
+    //   edits its chains (the forwarder only adds set elements), so the verdict stands;
+    // - the host table, before the forwarder binds the resolver addresses it guards;
+    // - the veth (under the slot lock), then the sandbox's link, here.
+    // Registered so that teardown (newest first) removes the veth, the only way out of the
+    // netns, before either table that filters it.
+    undo_.emplace_back("ruleset", [ns_path] { return removeSandboxTable(ns_path); });
+    undo_.emplace_back("host nat", [this] { return removeHostNat(id_); });
+    undo_.emplace_back("veth", [this] { return removeVeth(id_); });
+    auto ruleset = std::async(std::launch::async, [&] {
+      named("ruleset", [&] {
+        runChecked("nft", {"nft", "-f", "-"}, sandboxRuleset(net_, {}), kNftTimeout, ns_path);
       });
-      step(
-          "veth", [&] { createVeth(id_, netns_name_, net_); }, [this] { return removeVeth(id_); });
+      named("verify", [&] { verify(ns_path); });
+    });
+    auto host_nat = std::async(std::launch::async,
+                               [&] { named("host nat", [&] { installHostNat(id_, net_); }); });
+    std::exception_ptr failed;
+    try {
+      named("veth", [&] { createVeth(id_, netns_name_, net_); });
+      lock.reset();
+      named("sandbox link", [&] { configureSandboxLink(ns_path, net_); });
+      named("forwarding", [] { enableForwarding(); });
+    } catch (...) {
+      failed = std::current_exception();
     }
-    step("sandbox link", [&] { configureSandboxLink(ns_path, net_); });
-    step("forwarding", [] { enableForwarding(); });
-    step(
-        "host nat", [&] { installHostNat(id_, net_); }, [this] { return removeHostNat(id_); });
+    // Both joined whatever happened above (a future's get() waits), the first failure wins.
+    for (auto* f : {&ruleset, &host_nat}) {
+      try {
+        f->get();
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
+      }
+    }
+    if (failed) std::rethrow_exception(failed);
     step(
         "dns forwarder",
         [&] {
@@ -192,26 +229,10 @@ class FirewallEgress final : public Egress {
           if (forwarder_) forwarder_->stop();
           return true;
         });
-    step(
-        "ruleset",
-        [&] {
-          runChecked("nft", {"nft", "-f", "-"}, sandboxRuleset(net_, {}), kNftTimeout, ns_path);
-        },
-        [this, ns_path] {
-          if (!std::filesystem::exists(ns_path)) return true;
-          const auto table = std::string(kEgressTable);
-          if (runCommand({"nft", "delete", "table", "inet", table}, "", kNftTimeout, ns_path)
-                  .status == 0) {
-            return true;
-          }
-          return runCommand({"nft", "list", "table", "inet", table}, "", kNftTimeout, ns_path)
-                     .status != 0;
-        });
     // Seed 000: "DNS is allowlisted first, then names are resolved from inside the sandbox":
     // the ruleset above holds the DNS rule, and each name's A (over IPv4) and AAAA (over IPv6)
     // query now goes from the netns through it to the forwarder, which opens what it answers.
     step("pre-resolve", [&] { preResolve(allow, ns_path); });
-    step("verify", [&] { verify(ns_path); });
     common::log::info("egress firewall armed", {{"agent", id_},
                                                 {"veth", hostVeth()},
                                                 {"resolver", net_.host4},
@@ -220,13 +241,32 @@ class FirewallEgress final : public Egress {
   }
 
  private:
+  static bool removeSandboxTable(const std::string& ns_path) {
+    if (!std::filesystem::exists(ns_path)) return true;
+    const auto table = std::string(kEgressTable);
+    if (runCommand({"nft", "delete", "table", "inet", table}, "", kNftTimeout, ns_path).status ==
+        0) {
+      return true;
+    }
+    return runCommand({"nft", "list", "table", "inet", table}, "", kNftTimeout, ns_path).status !=
+           0;
+  }
+
   void preResolve(const policy::Allowlist& allow, const std::string& ns_path) {
     for (const auto& rule : allow.rules()) {
       if (rule.wildcard) continue;  // `*.x` names are opened when the agent asks for them
-      for (const auto& [qtype, server] :
-           {std::pair{kTypeA, net_.host4}, std::pair{kTypeAaaa, net_.host6}}) {
-        const ParsedReply r = queryFromNetns(ns_path, asio::ip::make_address(server), 53, rule.name,
-                                             qtype, kPreResolveTimeout);
+      // A and AAAA at once (each waits on the upstream resolver); checked in this order.
+      auto ask = [&](uint16_t qtype, const std::string& server) {
+        return std::async(std::launch::async, [&, qtype, server] {
+          return queryFromNetns(ns_path, asio::ip::make_address(server), 53, rule.name, qtype,
+                                kPreResolveTimeout);
+        });
+      };
+      auto a = ask(kTypeA, net_.host4);
+      auto aaaa = ask(kTypeAaaa, net_.host6);
+      const std::pair<uint16_t, ParsedReply> replies[] = {{kTypeA, a.get()},
+                                                          {kTypeAaaa, aaaa.get()}};
+      for (const auto& [qtype, r] : replies) {
         if (r.rcode != kRcodeNoError && r.rcode != kRcodeNxDomain) {
           throw RunnerError("the sandbox's resolver answered " + rule.name +
                             (qtype == kTypeA ? " A" : " AAAA") + " with RCODE " +
@@ -241,13 +281,16 @@ class FirewallEgress final : public Egress {
     }
   }
 
-  // The ruleset as the kernel holds it, not as we sent it.
-  void verify(const std::string& ns_path) const {
+  // The ruleset as the kernel holds it, not as we sent it. Only our table is listed (the
+  // load flushed everything else in this netns, and there is nothing else to judge).
+  static void verify(const std::string& ns_path) {
     const std::string out =
-        runChecked("nft", {"nft", "-j", "list", "ruleset"}, "", kNftTimeout, ns_path);
+        runChecked("nft", {"nft", "-j", "list", "table", "inet", std::string(kEgressTable)}, "",
+                   kNftTimeout, ns_path);
     const auto doc = nlohmann::json::parse(out, nullptr, false);
     if (doc.is_discarded() || !doc.contains("nftables")) {
-      throw RunnerError("`nft -j list ruleset` in the netns gave no JSON");
+      throw RunnerError("`nft -j list table inet " + std::string(kEgressTable) +
+                        "` in the netns gave no JSON");
     }
     bool table = false;
     std::set<std::string> dropping;

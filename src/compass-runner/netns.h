@@ -24,8 +24,10 @@ std::string nameFor(const std::string& id);
 /// kDir + "/" + name.
 std::string pathOf(const std::string& name);
 
-/// Creates /run/netns/<name> (`ip netns add`, Debian's iproute2, run through process.h).
-/// Throws RunnerError if it exists already or cannot be made.
+/// Creates /run/netns/<name> as `ip netns add` does (ip-netns(8)), in-process: kDir made a
+/// shared mount point, the file created O_EXCL, and a thread's unshare(CLONE_NEWNET)
+/// namespace bind-mounted on it. Throws RunnerError naming the failing call and errno if it
+/// exists already or cannot be made (the file is removed again).
 void create(const std::string& name);
 
 /// Opens /dev/net/tun as "tun0" (IFF_TUN | IFF_NO_PI, the flags nano-init checks when it
@@ -34,9 +36,11 @@ void create(const std::string& name);
 /// RunnerError naming the failing call and errno.
 common::UniqueFd openTun(const std::string& name);
 
-/// In /run/netns/<name>: lo up; tun0 MTU kTunMtu, up; 100.64.0.1/10 and 100::1/64 (no DAD)
-/// on tun0 (src/vdns/virtual_dns.h); IPv4 and IPv6 default routes via tun0. One `ip -batch`.
-/// Needs tun0 open (openTun). Throws RunnerError with ip's message.
+/// In /run/netns/<name>: lo up; tun0 MTU kTunMtu, up; 100.64.0.1/10 and 100::1/64 on tun0
+/// (src/vdns/virtual_dns.h; no DAD: tun0 is IFF_NOARP); IPv4 and IPv6 default routes via
+/// tun0. Interface and route ioctls (netdevice(7), route(8)'s SIOCADDRT) from a thread in the
+/// namespace, no subprocess. Needs tun0 open (openTun). Throws RunnerError naming the
+/// failing call and errno.
 void configureTun(const std::string& name);
 
 /// Deletes /run/netns/<name> (`ip netns del`). Idempotent: a missing namespace is not an

@@ -48,6 +48,8 @@ template <typename F>
 auto step(const char* name, F&& f) {
   try {
     return f();
+  } catch (const SpecRefused&) {
+    throw;  // a refusal of the request, worded for the operator already
   } catch (const RunnerError& e) {
     throw RunnerError(std::string(name) + ": " + e.what());
   } catch (const std::exception& e) {
@@ -68,7 +70,10 @@ class PodmanBackend final : public Backend {
                                                                           : Posture::kBoundary;
   }
 
-  // Root, the containers.conf files (pasta), the image or --rootfs, the command.
+  // Root, the containers.conf files (pasta), --rootfs, the command. The image is not asked
+  // for here: `podman image exists` is a whole podman start on the agent's path to exec, and
+  // `podman run --pull never` refuses a missing image anyway; start() turns that failure into
+  // the same refusal (refuseIfImageMissing()).
   void validate(const AgentSpec& spec) const override {
     if (::geteuid() != 0) {
       throw RunnerError(
@@ -85,15 +90,7 @@ class PodmanBackend final : public Backend {
       if (::stat(spec.rootfs.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
         throw RunnerError("--rootfs " + spec.rootfs + ": not a directory");
       }
-      return;
     }
-    const std::string image = spec.image.empty() ? image::kDefaultImage : spec.image;
-    if (!image::exists(image)) {
-      throw RunnerError("--image " + image + ": no such image" +
-                        (spec.image.empty() ? "; run `compass-runner image build` first"
-                                            : " (no registry is reachable: build or import it)"));
-    }
-    image_checked_ = image;
   }
 
   // --sidecar-socket is for the agent's sam-box: it must name a socket that exists now (a
@@ -226,15 +223,9 @@ class PodmanBackend final : public Backend {
           throw RunnerError("--rootfs " + spec.rootfs + ": not a directory");
         }
       } else {
+        // Whether it exists is left to `podman run --pull never` (see validate()).
         image_ = spec.image.empty() ? image::kDefaultImage : spec.image;
-        // validate() has just asked podman (each `podman image exists` is a whole podman
-        // start, on the agent's path to exec); if the image went since, `podman run --pull
-        // never` fails and the steps made by then are undone, so nothing starts either way.
-        if (image_checked_ != image_ && !image::exists(image_)) {
-          throw RunnerError("image " + image_ + " is missing" +
-                            (spec.image.empty() ? "; run `compass-runner image build`"
-                                                : " (no registry is reachable: podman import it)"));
-        }
+        default_image_ = spec.image.empty();
       }
       if (egress == Posture::kBoundary) {
         sam_box_bin = findSamBox();
@@ -256,6 +247,13 @@ class PodmanBackend final : public Backend {
       undo_.emplace_back([this] { unmountRootfs(id_, state_dir_); });
     }
 
+    // 2c. Boundary: sam-box is spawned now and starts while the netns and tun0 are made; its
+    // socket is waited for in 4b, before the container exists (nothing can reach it sooner).
+    if (egress == Posture::kBoundary) {
+      step("sam-box", [&] { spawnSamBox(spec, sam_box_bin, socket); });
+      undo_.emplace_back([this] { sam_box_.stop(); });
+    }
+
     // 3. The netns, holding only lo until a step below adds tun0 or the firewall's veth.
     step("netns", [&] { netns::create(ns); });
     netns_ = ns;
@@ -271,9 +269,8 @@ class PodmanBackend final : public Backend {
         tun_ = netns::openTun(ns);
         netns::configureTun(ns);
       });
-      // 4b. The boundary, before anything can send through tun0.
-      step("sam-box", [&] { startSamBox(spec, sam_box_bin, socket, ids); });
-      undo_.emplace_back([this] { sam_box_.stop(); });
+      // 4b. The boundary serving, before anything can send through tun0.
+      step("sam-box", [&] { awaitSamBox(socket, ids); });
       pass_fds.push_back(tun_.get());
       dns = {vdns::kResolverAddress};  // nano-init refuses any other resolv.conf
       mounts = {{socket, kSandboxSocket, false}, {nano_init_bin, kSandboxNanoInit, true}};
@@ -308,8 +305,7 @@ class PodmanBackend final : public Backend {
     return Started{agent_pid, spec.state_dir, metrics_addr_};
   }
 
-  void startSamBox(const AgentSpec& spec, const std::string& bin, const std::string& socket,
-                   const IdRange& ids) {
+  void spawnSamBox(const AgentSpec& spec, const std::string& bin, const std::string& socket) {
     SamBoxOptions o;
     o.binary = bin;
     o.socket = socket;
@@ -326,7 +322,11 @@ class PodmanBackend final : public Backend {
           "the bundle's agent identity is NOT verified (no platform credential is configured); "
           "sam-box runs with --insecure-unverified-bundle");
     }
-    sam_box_.start(o, kSamBoxStartTimeout);
+    sam_box_.spawn(o);
+  }
+
+  void awaitSamBox(const std::string& socket, const IdRange& ids) {
+    sam_box_.waitReady(kSamBoxStartTimeout);
     // 0600 stays: only the host uid of this sandbox's agent user may connect, so no other
     // agent (each has its own range) can use this boundary.
     if (::chown(socket.c_str(), ids.agentHostId(), ids.agentHostId()) != 0) {
@@ -337,7 +337,8 @@ class PodmanBackend final : public Backend {
 
   pid_t startContainer(const RunSpec& run, const std::vector<int>& pass_fds) {
     SpawnOptions s;
-    s.argv = podmanArgv(conf_, runArgs(run));
+    s.argv = podmanArgv(runArgs(run));
+    s.set_env = podmanEnv(conf_);
     s.pass_fds = pass_fds;
     // stdin is /dev/null (no -i); stdout/stderr are the runner's. Own session: the operator's
     // Ctrl-C reaches the runner, which stops the container in order.
@@ -369,10 +370,10 @@ class PodmanBackend final : public Backend {
           exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
           return pid;
         }
-        throw RunnerError(
-            "podman could not start the container (exit " +
-            std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)) +
-            "; podman's message is above)");
+        const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (code == kPodmanError) refuseIfImageMissing();
+        throw RunnerError("podman could not start the container (exit " + std::to_string(code) +
+                          "; podman's message is above)");
       }
       if (Clock::now() > deadline) {
         throw RunnerError("the container did not start within " +
@@ -380,6 +381,23 @@ class PodmanBackend final : public Backend {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+  }
+
+  // `podman run` failed before the container started: if the image is the reason, say so as
+  // validate() says any other refusal. Asked only on this failure path, so a start that
+  // succeeds never pays for a second podman process.
+  void refuseIfImageMissing() const {
+    if (image_.empty()) return;  // --rootfs
+    bool missing = false;
+    try {
+      missing = !image::exists(image_);
+    } catch (const std::exception& e) {
+      note(std::string("could not tell whether the image exists: ") + e.what());
+    }
+    if (!missing) return;
+    throw SpecRefused("--image " + image_ + ": no such image" +
+                      (default_image_ ? "; run `compass-runner image build` first"
+                                      : " (no registry is reachable: build or import it)"));
   }
 
   static bool stillRuncInit(pid_t pid) {
@@ -458,7 +476,7 @@ class PodmanBackend final : public Backend {
   std::string state_dir_;
   std::string conf_;
   std::string image_;
-  mutable std::string image_checked_;  // the image validate() found, so start() asks once
+  bool default_image_ = false;  // no --image: the refusal says how to build it
   std::string container_;
   std::string netns_;
   std::string metrics_addr_;

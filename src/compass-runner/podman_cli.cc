@@ -18,11 +18,13 @@ std::string trimmed(std::string s) {
 
 }  // namespace
 
-std::vector<std::string> podmanArgv(const std::string& conf, const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {"env", "CONTAINERS_CONF=" + conf, "podman"};
+std::vector<std::string> podmanArgv(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"podman"};
   argv.insert(argv.end(), args.begin(), args.end());
   return argv;
 }
+
+std::vector<std::string> podmanEnv(const std::string& conf) { return {"CONTAINERS_CONF=" + conf}; }
 
 std::string memoryFlag(uint64_t bytes) { return std::to_string(bytes) + "b"; }
 
@@ -101,12 +103,12 @@ std::vector<std::string> updateArgs(const std::string& container, const Resource
 
 CommandResult run(const std::string& conf, const std::vector<std::string>& args,
                   std::chrono::milliseconds timeout) {
-  return runCommand(podmanArgv(conf, args), "", timeout);
+  return runCommand(podmanArgv(args), "", timeout, "", podmanEnv(conf));
 }
 
 std::string runChecked(const std::string& what, const std::string& conf,
                        const std::vector<std::string>& args, std::chrono::milliseconds timeout) {
-  return ::runner::runChecked(what, podmanArgv(conf, args), "", timeout);
+  return ::runner::runChecked(what, podmanArgv(args), "", timeout, "", podmanEnv(conf));
 }
 
 bool containerExists(const std::string& conf, const std::string& name) {

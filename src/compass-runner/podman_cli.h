@@ -20,11 +20,19 @@ inline constexpr const char* kAgentLabel = "compass.agent";
 /// Where the sandbox sees its boundary socket and nano-init (bind mounts).
 inline constexpr const char* kSandboxSocket = "/run/sam/agent.sock";
 inline constexpr const char* kSandboxNanoInit = "/run/sam/nano-init";
+/// podman's exit status when podman itself failed (bad flag, no such image), not the
+/// container's command (podman-run(1), "Exit Status").
+inline constexpr int kPodmanError = 125;
 /// The pids limit when --pids is not given (same as our containers.conf's pids_limit).
 inline constexpr uint64_t kDefaultPids = 2048;
 
-/// `env CONTAINERS_CONF=<conf> podman ARGS…`.
-std::vector<std::string> podmanArgv(const std::string& conf, const std::vector<std::string>& args);
+/// `podman ARGS…` (looked up on PATH).
+std::vector<std::string> podmanArgv(const std::vector<std::string>& args);
+
+/// The environment entries every podman call gets on top of the runner's:
+/// {"CONTAINERS_CONF=<conf>"}, set in the child by process.h (SpawnOptions::set_env), so no
+/// /usr/bin/env process sits between the runner and podman.
+std::vector<std::string> podmanEnv(const std::string& conf);
 
 /// A bind mount: host path → container path.
 struct Mount {

@@ -217,8 +217,21 @@ pid_t spawn(const SpawnOptions& opts) {
   std::vector<std::string> env_strings;
   std::vector<char*> envp;
   char* const* env = environ;
-  if (opts.env) {
-    for (const auto& [k, v] : *opts.env) env_strings.push_back(k + "=" + v);
+  if (opts.env || !opts.set_env.empty()) {
+    if (opts.env) {
+      for (const auto& [k, v] : *opts.env) env_strings.push_back(k + "=" + v);
+    } else {
+      for (char* const* e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+    }
+    for (const auto& entry : opts.set_env) {
+      const size_t eq = entry.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        throw RunnerError("spawn: set_env entry \"" + entry + "\" is not NAME=value");
+      }
+      const std::string prefix = entry.substr(0, eq + 1);
+      std::erase_if(env_strings, [&](const std::string& s) { return s.starts_with(prefix); });
+      env_strings.push_back(entry);
+    }
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
     env = envp.data();
@@ -286,7 +299,8 @@ int waitExit(pid_t pid) {
 }
 
 CommandResult runCommand(const std::vector<std::string>& argv, const std::string& input,
-                         std::chrono::milliseconds timeout, const std::string& netns_path) {
+                         std::chrono::milliseconds timeout, const std::string& netns_path,
+                         const std::vector<std::string>& set_env) {
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) throw RunnerError("pipe2: " + errnoText(errno));
   common::UniqueFd in_r(p[0]), in_w(p[1]);
@@ -298,6 +312,7 @@ CommandResult runCommand(const std::vector<std::string>& argv, const std::string
   SpawnOptions opts;
   opts.argv = argv;
   opts.netns_path = netns_path;
+  opts.set_env = set_env;
   opts.stdin_fd = in_r.get();
   opts.stdout_fd = out_w.get();
   opts.stderr_fd = err_w.get();
@@ -368,8 +383,8 @@ CommandResult runCommand(const std::vector<std::string>& argv, const std::string
 
 std::string runChecked(const std::string& what, const std::vector<std::string>& argv,
                        const std::string& input, std::chrono::milliseconds timeout,
-                       const std::string& netns_path) {
-  CommandResult r = runCommand(argv, input, timeout, netns_path);
+                       const std::string& netns_path, const std::vector<std::string>& set_env) {
+  CommandResult r = runCommand(argv, input, timeout, netns_path, set_env);
   if (r.status == 0) return std::move(r.out);
   std::string joined;
   for (const auto& a : argv) joined += (joined.empty() ? "" : " ") + a;

@@ -20,6 +20,10 @@ struct SpawnOptions {
   std::vector<std::string> argv;
   /// Environment of the child; nullopt = inherit the runner's.
   std::optional<std::map<std::string, std::string>> env;
+  /// "NAME=value" entries set in the child's environment on top of `env` (or the inherited
+  /// one), replacing a variable of the same name: e.g. CONTAINERS_CONF for podman, without
+  /// an extra exec of /usr/bin/env on the agent's path to start.
+  std::vector<std::string> set_env;
   std::string cwd;  ///< empty = the runner's
   /// Descriptors given to the child as 3, 4, … in this order (e.g. tun0 for podman
   /// --preserve-fds); every other descriptor above 2 is closed in the child.
@@ -66,17 +70,19 @@ struct CommandResult {
 /// Runs argv to completion with `input` on its stdin and output captured; kills it (and its
 /// process group: it runs in a session of its own) after `timeout`. Returns once argv[0]
 /// has exited, with what it wrote; a descendant that keeps the pipes open does not delay it.
-/// `netns_path` as in SpawnOptions. Throws RunnerError if it cannot start.
+/// `netns_path` and `set_env` as in SpawnOptions. Throws RunnerError if it cannot start.
 CommandResult runCommand(const std::vector<std::string>& argv, const std::string& input = "",
                          std::chrono::milliseconds timeout = std::chrono::seconds(60),
-                         const std::string& netns_path = "");
+                         const std::string& netns_path = "",
+                         const std::vector<std::string>& set_env = {});
 
 /// runCommand(), throwing RunnerError("<what>: <argv joined>: exit N: <stderr>") unless it
 /// exits 0. Returns stdout.
 std::string runChecked(const std::string& what, const std::vector<std::string>& argv,
                        const std::string& input = "",
                        std::chrono::milliseconds timeout = std::chrono::seconds(60),
-                       const std::string& netns_path = "");
+                       const std::string& netns_path = "",
+                       const std::vector<std::string>& set_env = {});
 
 /// waitpid() for `pid`, retrying EINTR; returns the shell-style status (128+N for signal N).
 int waitExit(pid_t pid);

@@ -147,6 +147,10 @@ int runAgent(const RunOptions& opts) {
       return 128 + sig;
     }
     started = backend->start(spec);
+  } catch (const SpecRefused& e) {
+    removeQuietly(spec.state_dir);
+    say(std::string("refusing to start: ") + e.what());
+    return kExitUsage;
   } catch (const std::exception& e) {
     removeQuietly(spec.state_dir);
     say(std::string("cannot start agent: ") + e.what());

@@ -20,7 +20,8 @@ inline constexpr int kExitCannotStart = 70;
 inline constexpr std::chrono::seconds kStopGrace{10};
 
 /// Runs the agent described by `opts` to completion. Returns the agent's status (0..255,
-/// 128+N for signal N), kExitUsage if the tier refused the spec, kExitCannotStart if it
+/// 128+N for signal N), kExitUsage if the tier refused the spec (in validate(), or with
+/// SpecRefused from start()), kExitCannotStart if it
 /// could not start. Messages go to stderr; the agent's stdout/stderr are the runner's
 /// (relayed or inherited, per tier). Never throws.
 int runAgent(const RunOptions& opts);

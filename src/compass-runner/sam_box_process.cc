@@ -123,6 +123,11 @@ std::string tailOfFile(const std::string& path, int lines) {
 }
 
 void SamBoxProcess::start(const SamBoxOptions& opts, std::chrono::milliseconds timeout) {
+  spawn(opts);
+  waitReady(timeout);
+}
+
+void SamBoxProcess::spawn(const SamBoxOptions& opts) {
   SpawnOptions spawn_opts;
   spawn_opts.argv = samBoxArgv(opts);
   spawn_opts.stdout_path = opts.log;
@@ -130,7 +135,13 @@ void SamBoxProcess::start(const SamBoxOptions& opts, std::chrono::milliseconds t
   // Its own session: an operator's Ctrl-C reaches the runner, which stops things in order.
   spawn_opts.new_session = true;
   spawn_opts.die_with_parent = true;  // a killed runner leaves no boundary serving nobody
-  pid_ = spawn(spawn_opts);
+  socket_ = opts.socket;
+  log_ = opts.log;
+  pid_ = ::runner::spawn(spawn_opts);
+}
+
+void SamBoxProcess::waitReady(std::chrono::milliseconds timeout) {
+  if (pid_ <= 0) throw RunnerError("sam-box is not running (it was not started)");
   const auto deadline = Clock::now() + timeout;
   while (true) {
     int status = 0;
@@ -138,18 +149,19 @@ void SamBoxProcess::start(const SamBoxOptions& opts, std::chrono::milliseconds t
       pid_ = -1;
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       throw RunnerError("sam-box exited with status " + std::to_string(code) +
-                        " before its socket was ready; the end of " + opts.log + ":\n" +
-                        tailOfFile(opts.log));
+                        " before its socket was ready; the end of " + log_ + ":\n" +
+                        tailOfFile(log_));
     }
     struct stat st {};
-    if (::stat(opts.socket.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return;
+    if (::stat(socket_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return;
     if (Clock::now() > deadline) {
       stop();
-      throw RunnerError("sam-box did not create " + opts.socket + " within " +
-                        std::to_string(timeout.count()) + " ms; the end of " + opts.log + ":\n" +
-                        tailOfFile(opts.log));
+      throw RunnerError("sam-box did not create " + socket_ + " within " +
+                        std::to_string(timeout.count()) + " ms; the end of " + log_ + ":\n" +
+                        tailOfFile(log_));
     }
-    std::this_thread::sleep_for(kPoll);
+    // 2 ms: this wait is on the agent's path to exec; a stat() is cheap.
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
 }
 

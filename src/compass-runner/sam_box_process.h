@@ -48,10 +48,16 @@ class SamBoxProcess {
   SamBoxProcess& operator=(const SamBoxProcess&) = delete;
   ~SamBoxProcess() { stop(); }
 
-  /// Spawns sam-box (through process.h) and waits up to `timeout` for its socket to appear.
-  /// Throws RunnerError with the last lines of its log if it exits first or the socket does
-  /// not appear in time (then it is killed).
+  /// spawn(), then waitReady(timeout).
   void start(const SamBoxOptions& opts, std::chrono::milliseconds timeout);
+  /// Spawns sam-box (through process.h, from the calling thread, which must outlive it: its
+  /// PDEATHSIG follows that thread) and returns at once, so the caller can prepare the rest
+  /// of the sandbox while sam-box starts. Throws RunnerError if it cannot be started.
+  void spawn(const SamBoxOptions& opts);
+  /// Waits up to `timeout` for the socket of the sam-box spawn() started to appear. Throws
+  /// RunnerError with the last lines of its log if it exits first or the socket does not
+  /// appear in time (then it is killed).
+  void waitReady(std::chrono::milliseconds timeout);
   /// The pid, -1 when not running.
   [[nodiscard]] pid_t pid() const { return pid_; }
   /// SIGTERM, SIGKILL after `grace` (2 s by default), reaped. Idempotent; never throws.
@@ -59,6 +65,8 @@ class SamBoxProcess {
 
  private:
   pid_t pid_ = -1;
+  std::string socket_;  ///< of the last spawn()
+  std::string log_;
 };
 
 /// The last `lines` lines of the file at `path` ("" if unreadable), for error messages.

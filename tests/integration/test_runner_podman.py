@@ -437,6 +437,22 @@ def test_refuses_a_missing_image_and_a_rootfs_that_is_no_directory(image):
         assert r.returncode != 0 and "host's root directory" in r.stderr, r.stderr
 
 
+def test_a_missing_image_found_by_podman_run_is_refused_and_leaves_nothing(image):
+    """`podman run --pull never` itself finds the image missing (no extra podman process per
+    start): the same refusal, and what start made meanwhile (netns, sam-box, firewall) is gone."""
+    before = set(os.listdir("/run/netns"))
+    for egress in ("boundary", "firewall"):
+        r = run_agent("true", extra=("--image", "localhost/no-such-image:latest",
+                                     "--egress", egress))
+        assert r.returncode == 2, r.stderr
+        assert "refusing to start: --image localhost/no-such-image:latest: no such image" \
+            in r.stderr, r.stderr
+        assert not re.search(r"agent \S+ running", r.stderr), r.stderr  # none ever started
+    assert _no_new_sandboxes(before) == []
+    assert not [s for s in STATE_ROOT.glob("a*/agent.sock")
+                if not (s.parent / "agent.json").exists()]  # no orphaned sam-box socket
+
+
 def test_refuses_a_sidecar_socket_that_cannot_reach_a_node(image, tmp_path):
     """A wrong --sidecar-socket would otherwise show only inside the sandbox, as a refused
     mesh.sam.alt: the runner refuses it before anything starts."""

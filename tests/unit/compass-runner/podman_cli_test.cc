@@ -117,8 +117,8 @@ TEST(PodmanFlags, Spelling) {
   EXPECT_EQ(cpusFlag(0.25), "0.25");
   EXPECT_EQ(cpusFlag(1.5), "1.5");
   EXPECT_EQ(memoryFlag(1), "1b");
-  EXPECT_EQ(podmanArgv("/run/c.conf", {"ps"}),
-            (V{"env", "CONTAINERS_CONF=/run/c.conf", "podman", "ps"}));
+  EXPECT_EQ(podmanArgv({"ps"}), (V{"podman", "ps"}));
+  EXPECT_EQ(podmanEnv("/run/c.conf"), (V{"CONTAINERS_CONF=/run/c.conf"}));
 }
 
 TEST(SamBoxArgv, EgressBundleAndSidecar) {

@@ -51,6 +51,24 @@ TEST(RunCommandTest, FeedsInputOnStdin) {
   EXPECT_EQ(r.out, "HELLO\n");
 }
 
+TEST(RunCommandTest, SetEnvAddsAndReplacesOnTopOfTheInheritedEnvironment) {
+  ::setenv("RUNNER_TEST_KEEP", "kept", 1);
+  ::setenv("RUNNER_TEST_REPLACE", "old", 1);
+  const auto r = runCommand(
+      {"sh", "-c", "echo \"$RUNNER_TEST_KEEP $RUNNER_TEST_REPLACE $RUNNER_TEST_NEW\"; env"}, "",
+      std::chrono::seconds(10), "", {"RUNNER_TEST_REPLACE=new", "RUNNER_TEST_NEW=a=b"});
+  ::unsetenv("RUNNER_TEST_KEEP");
+  ::unsetenv("RUNNER_TEST_REPLACE");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.out.substr(0, r.out.find('\n')), "kept new a=b");
+  // Replaced, not duplicated: the child sees the variable once.
+  EXPECT_EQ(r.out.find("RUNNER_TEST_REPLACE=old"), std::string::npos);
+}
+
+TEST(RunCommandTest, SetEnvEntryWithoutEqualsIsRefused) {
+  EXPECT_THROW(runCommand({"true"}, "", std::chrono::seconds(10), "", {"NOEQUALS"}), RunnerError);
+}
+
 TEST(RunCommandTest, LargeInputAndOutputDoNotDeadlock) {
   const std::string input(3 << 20, 'x');  // larger than any pipe buffer, both ways
   const auto r = runCommand({"cat"}, input);
