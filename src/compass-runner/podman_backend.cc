@@ -340,6 +340,10 @@ class PodmanBackend final : public Backend {
     s.argv = podmanArgv(runArgs(run));
     s.set_env = podmanEnv(conf_);
     s.pass_fds = pass_fds;
+    // podman and conmon run in the agent's state dir, not the operator's current directory:
+    // conmon drops an `oom` marker file in its working directory when the kernel OOM-kills the
+    // agent, and that file belongs with the agent's state (removed at teardown).
+    s.cwd = state_dir_;
     // stdin is /dev/null (no -i); stdout/stderr are the runner's. Own session: the operator's
     // Ctrl-C reaches the runner, which stops the container in order.
     s.new_session = true;
