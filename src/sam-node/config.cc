@@ -277,7 +277,8 @@ void checkUnique(const std::vector<T>& items, const char* field) {
 Config parseRoot(const YAML::Node& root) {
   if (!root.IsMap()) fail("config", "must be a YAML mapping");
   checkKeys(root, "",
-            {"version", "services", "secrets", "spawn", "runner", "probe_interval_ms", "roles"});
+            {"version", "services", "secrets", "spawn", "runner", "probe_interval_ms",
+             "allow_destinations", "roles"});
   if (!root["version"]) fail("version", "is required (v1)");
   const std::string version = scalar(root["version"], "version");
   if (version != "v1") fail("version", "must be v1, got " + quote(version));
@@ -306,6 +307,14 @@ Config parseRoot(const YAML::Node& root) {
     if (ec != std::errc() || end != text.data() + text.size() || value < 100 || value > 60000)
       fail("probe_interval_ms", "must be an integer from 100 to 60000, got " + quote(text));
     config.probe_interval = std::chrono::milliseconds(value);
+  }
+  const auto prefixes = stringList(root["allow_destinations"], "allow_destinations");
+  for (size_t i = 0; i < prefixes.size(); ++i) {
+    try {
+      config.destinations.allow(policy::Cidr::parse(prefixes[i]));
+    } catch (const policy::CidrError& e) {
+      fail("allow_destinations[" + std::to_string(i) + "]", quote(prefixes[i]) + ": " + e.what());
+    }
   }
   const YAML::Node roles = sequence(root, "roles");
   for (size_t i = 0; roles && i < roles.size(); ++i)

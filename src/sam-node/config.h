@@ -4,6 +4,7 @@
 // configuration"), secrets, spawn templates and the roles that grant them. Strict: any
 // unknown key, bad value or dangling reference refuses the whole file.
 
+#include "policy/address.h"
 #include "policy/allowlist.h"
 
 #include <chrono>
@@ -81,6 +82,11 @@ struct Config {
   std::vector<Role> roles;
   std::string runner = "compass-runner";
   std::chrono::milliseconds probe_interval{1000};
+  /// `allow_destinations: [CIDR, ...]`: the address prefixes secret-use may reach although
+  /// policy::isForbiddenAddress() (loopback, link-local, ...) or the host's own interfaces
+  /// would refuse them; same syntax and checks as sam-box's --allow-destination. Empty by
+  /// default: a granted name that resolves there is refused (forbidden-address).
+  policy::DestinationPolicy destinations;
 
   [[nodiscard]] const Service* service(std::string_view name) const;
   [[nodiscard]] const SecretDecl* secret(std::string_view name) const;

@@ -4,16 +4,23 @@
 
 #include "common/log.h"
 #include "common/unique_fd.h"
+#include "policy/address.h"
 #include "policy/name.h"
 #include "sam-node/json_limits.h"
 #include "sam-node/node.h"
 #include "sam-node/spawn_child.h"
 #include "sam-node/upstream.h"
 
+#include <arpa/inet.h>
 #include <curl/curl.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <resolv.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <memory>
 
 namespace samnode {
@@ -116,9 +123,110 @@ Destination parseDestination(const std::string& url) {
   int port_number = port ? std::atoi(port->c_str()) : 0;
   if (port_number < 1 || port_number > 65535) throw BadField("request.url: bad port");
   curl_url_set(u.get(), CURLUPART_FRAGMENT, nullptr, 0);  // never sent on the wire
+  // The URL carries the name as checked (lower case, no trailing dot): the name the grant
+  // matched, the name resolved and judged below, and the name the pin is set for (a pin for
+  // "api.example" would not steer a URL host "API.example." in every libcurl version).
+  if (curl_url_set(u.get(), CURLUPART_HOST, name->c_str(), 0) != CURLUE_OK) {
+    throw BadField("request.url: host " + *host + " cannot be rebuilt");
+  }
   auto full = part(CURLUPART_URL, 0);
   if (!full) throw BadField("request.url: cannot be rebuilt");
   return {*full, *scheme == "https", *name, static_cast<uint16_t>(port_number)};
+}
+
+/// getaddrinfo(3) with search domains off in this thread (as sam-box's resolver does): a
+/// grant names an absolute name, and "api" must never become "api.corp.internal".
+void disableSearchDomains() {
+  thread_local bool done = false;
+  if (done) return;
+  res_init();
+  _res.options &= ~static_cast<unsigned long>(RES_DNSRCH | RES_DEFNAMES);
+  done = true;
+}
+
+/// The A and AAAA addresses of `host` (a normalized name), as nsswitch.conf says (/etc/hosts,
+/// then DNS), de-duplicated in resolver order. Empty, with *why set, if it does not resolve.
+std::vector<asio::ip::address> resolveName(const std::string& host, std::string* why) {
+  disableSearchDomains();
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;  // one entry per address, not one per socket type
+  addrinfo* list = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &list);
+  if (rc != 0) {
+    *why = ::gai_strerror(rc);
+    return {};
+  }
+  std::vector<asio::ip::address> out;
+  for (const addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
+    asio::ip::address addr;
+    if (ai->ai_family == AF_INET) {
+      asio::ip::address_v4::bytes_type b{};
+      std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in*>(ai->ai_addr)->sin_addr, b.size());
+      addr = asio::ip::address_v4(b);
+    } else if (ai->ai_family == AF_INET6) {
+      asio::ip::address_v6::bytes_type b{};
+      std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in6*>(ai->ai_addr)->sin6_addr,
+                  b.size());
+      addr = asio::ip::address_v6(b);
+    } else {
+      continue;
+    }
+    if (std::find(out.begin(), out.end(), addr) == out.end()) out.push_back(addr);
+  }
+  ::freeaddrinfo(list);
+  if (out.empty()) *why = "no IPv4 or IPv6 address";
+  return out;
+}
+
+/// True if `addr` is assigned to an interface of this host (getifaddrs(3), read per call:
+/// secret-use is rare next to the cost of a lookup). A service bound to 0.0.0.0 on the
+/// node's host is reachable through any of them, which the fixed forbidden ranges do not
+/// cover. If the list cannot be read, every address counts as the host's own (fail closed).
+bool isOwnAddress(const asio::ip::address& addr) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return true;
+  const auto wanted = policy::canonicalAddress(addr);
+  bool found = false;
+  for (const ifaddrs* ifa = list; ifa != nullptr && !found; ifa = ifa->ifa_next) {
+    if (ifa->ifa_addr == nullptr) continue;
+    if (ifa->ifa_addr->sa_family == AF_INET) {
+      asio::ip::address_v4::bytes_type b{};
+      std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in*>(ifa->ifa_addr)->sin_addr,
+                  b.size());
+      found = wanted == asio::ip::address(asio::ip::address_v4(b));
+    } else if (ifa->ifa_addr->sa_family == AF_INET6) {
+      asio::ip::address_v6::bytes_type b{};
+      std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in6*>(ifa->ifa_addr)->sin6_addr,
+                  b.size());
+      found = wanted == policy::canonicalAddress(asio::ip::address_v6(b));
+    }
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+/// Where a granted destination may be reached: every address `host` resolves to must be
+/// permitted (sam-box's rule, docs/sam-box.md "forbidden-address": a name with one address in
+/// forbidden space or on this host is refused outright, since no public name legitimately
+/// points there and trying "the other ones" would let a hostile resolver choose). Each is
+/// judged as policy::canonicalAddress() reads it (an IPv4-mapped, IPv4-compatible or NAT64
+/// address as its IPv4 address) and pinned as the resolver gave it. Returns the addresses to
+/// pin the request to; empty with *offending set to the refused address, or with *why set if
+/// the name does not resolve.
+std::vector<std::string> permittedAddresses(const std::string& host,
+                                            const policy::DestinationPolicy& destinations,
+                                            std::string* offending, std::string* why) {
+  std::vector<std::string> pinned;
+  for (const auto& addr : resolveName(host, why)) {
+    const bool own = isOwnAddress(addr);
+    if (!destinations.permits(addr) || (own && !destinations.allowsExplicitly(addr))) {
+      *offending = addr.to_string();
+      return {};
+    }
+    pinned.push_back(addr.to_string());  // resolveName() gives each address once, no zone
+  }
+  return pinned;
 }
 
 const json& member(const json& object, std::string_view key, std::string_view field) {
@@ -283,6 +391,32 @@ struct Operations::Impl {
                  "set allow_http)");
       return;
     }
+
+    // The name is resolved here, once, and the request pinned to what was judged: libcurl
+    // resolving it again could get another answer (DNS rebinding). Before the secret is read,
+    // so a refused destination never causes a secret read.
+    std::string offending, why;
+    up.pinned_addresses = permittedAddresses(dest.host, node.config.destinations, &offending, &why);
+    if (!offending.empty()) {
+      log_fields["decision"] = "denied";
+      log_fields["address"] = offending;
+      log_fields["reason"] = "forbidden-address";
+      log::warn("secret-use refused", log_fields);
+      denied(req, out, "secret-use", 403, "forbidden-address",
+             "secret \"" + secret + "\" was not sent: " + dest.host +
+                 " resolves to an address secret-use may not reach (loopback, link-local, " +
+                 "multicast or this host's own; allow_destinations in the node's config lifts " +
+                 "this for a prefix)");
+      return;
+    }
+    if (up.pinned_addresses.empty()) {
+      failed(req, out, "secret-use", 502, "destination-failed",
+             "the request to " + dest.host + ":" + std::to_string(dest.port) +
+                 " failed: cannot resolve " + dest.host + ": " + why,
+             log_fields);
+      return;
+    }
+    log_fields["addresses"] = up.pinned_addresses;
 
     std::string value;
     try {

@@ -1,9 +1,15 @@
 #include "sam-node/upstream.h"
 
+#include <arpa/inet.h>
 #include <curl/curl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -91,6 +97,95 @@ class HandlePool {
 HandlePool& pool() {
   static auto* p = new HandlePool;
   return *p;
+}
+
+// A fresh easy handle for a pinned request (upstream.h): it never enters the pool, so neither
+// its DNS cache (holding the pin) nor its connections (opened to the pinned address) serve
+// another request, and it starts with no connection opened to an address nobody checked.
+struct PinnedHandleFree {
+  // Reset first, as HandlePool::give() does: the options point into the finished request
+  // (error buffer, socket callback data), which may be gone before the handle's connections
+  // are closed.
+  void operator()(CURL* h) const {
+    curl_easy_reset(h);
+    curl_easy_cleanup(h);
+  }
+};
+
+// The addresses a pinned request may connect to, and the CURLOPT_RESOLVE list that makes
+// libcurl connect there instead of resolving the name itself.
+struct Pins {
+  std::vector<std::array<unsigned char, 4>> v4;
+  std::vector<std::array<unsigned char, 16>> v6;
+  std::string refused;  // the first address the socket callback refused, for the error
+
+  [[nodiscard]] bool permits(const curl_sockaddr& a) const {
+    if (a.family == AF_INET && a.addrlen >= sizeof(sockaddr_in)) {
+      std::array<unsigned char, 4> b{};
+      std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in*>(&a.addr)->sin_addr, b.size());
+      return std::find(v4.begin(), v4.end(), b) != v4.end();
+    }
+    if (a.family == AF_INET6 && a.addrlen >= sizeof(sockaddr_in6)) {
+      std::array<unsigned char, 16> b{};
+      std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in6*>(&a.addr)->sin6_addr, b.size());
+      return std::find(v6.begin(), v6.end(), b) != v6.end();
+    }
+    return false;
+  }
+};
+
+// Parses request.pinned_addresses and builds "host:port:a,[b]" for the URL's host and port
+// (its scheme's default port when it names none). Throws UpstreamError.
+std::string pinnedResolveEntry(const UpstreamRequest& request, Pins& pins) {
+  std::unique_ptr<CURLU, decltype(&curl_url_cleanup)> url(curl_url(), curl_url_cleanup);
+  if (!url || curl_url_set(url.get(), CURLUPART_URL, request.url.c_str(), 0) != CURLUE_OK)
+    throw UpstreamError("cannot pin the request: the URL does not parse");
+  auto part = [&](CURLUPart which, unsigned flags) {
+    char* value = nullptr;
+    if (curl_url_get(url.get(), which, &value, flags) != CURLUE_OK || value == nullptr)
+      throw UpstreamError("cannot pin the request: the URL has no host or port");
+    std::string out(value);
+    curl_free(value);
+    return out;
+  };
+  std::string entry =
+      part(CURLUPART_HOST, 0) + ":" + part(CURLUPART_PORT, CURLU_DEFAULT_PORT) + ":";
+  for (size_t i = 0; i < request.pinned_addresses.size(); ++i) {
+    const std::string& text = request.pinned_addresses[i];
+    if (i > 0) entry += ",";
+    std::array<unsigned char, 4> b4{};
+    std::array<unsigned char, 16> b6{};
+    if (::inet_pton(AF_INET, text.c_str(), b4.data()) == 1) {
+      pins.v4.push_back(b4);
+      entry += text;
+    } else if (::inet_pton(AF_INET6, text.c_str(), b6.data()) == 1) {
+      pins.v6.push_back(b6);
+      entry += "[" + text + "]";
+    } else {
+      throw UpstreamError("cannot pin the request to \"" + text + "\": not a numeric address");
+    }
+  }
+  return entry;
+}
+
+// CURLOPT_OPENSOCKETFUNCTION of a pinned request: the last word on where it connects, should
+// libcurl ever resolve the name itself (a resolve entry it could not use).
+curl_socket_t openPinnedSocket(void* user, curlsocktype purpose, curl_sockaddr* address) {
+  auto& pins = *static_cast<Pins*>(user);
+  if (purpose != CURLSOCKTYPE_IPCXN || !pins.permits(*address)) {
+    if (pins.refused.empty()) {
+      char text[INET6_ADDRSTRLEN] = "?";
+      const void* raw = address->family == AF_INET6
+                            ? static_cast<const void*>(
+                                  &reinterpret_cast<const sockaddr_in6*>(&address->addr)->sin6_addr)
+                            : &reinterpret_cast<const sockaddr_in*>(&address->addr)->sin_addr;
+      if (address->family == AF_INET || address->family == AF_INET6)
+        ::inet_ntop(address->family, raw, text, sizeof text);
+      pins.refused = text;
+    }
+    return CURL_SOCKET_BAD;
+  }
+  return ::socket(address->family, address->socktype | SOCK_CLOEXEC, address->protocol);
 }
 
 struct Transfer {
@@ -217,10 +312,24 @@ int onProgress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
 
 bool stream(const UpstreamRequest& request, const std::function<bool(int, const Headers&)>& on_head,
             const std::function<bool(std::string_view)>& on_data) {
+  const bool pinned = !request.pinned_addresses.empty();
+  Pins pins;
+  std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)> resolve(nullptr, curl_slist_free_all);
+  if (pinned) {
+    resolve.reset(curl_slist_append(nullptr, pinnedResolveEntry(request, pins).c_str()));
+    if (!resolve) throw UpstreamError("out of memory building the request");
+  }
   auto giveBack = [](CURL* h) { pool().give(h); };
-  std::unique_ptr<CURL, decltype(giveBack)> curl(pool().take(), giveBack);
-  if (!curl) throw UpstreamError("cannot create a libcurl handle");
-  CURL* h = curl.get();
+  std::unique_ptr<CURL, decltype(giveBack)> pooled(nullptr, giveBack);
+  std::unique_ptr<CURL, PinnedHandleFree> own;
+  if (pinned) {
+    globalInit();
+    own.reset(curl_easy_init());
+  } else {
+    pooled.reset(pool().take());
+  }
+  CURL* h = pinned ? own.get() : pooled.get();
+  if (h == nullptr) throw UpstreamError("cannot create a libcurl handle");
   char errbuf[CURL_ERROR_SIZE] = {};
   Transfer t;
   t.url = request.url;
@@ -251,6 +360,12 @@ bool stream(const UpstreamRequest& request, const std::function<bool(int, const 
   curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L);
   curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
   curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);  // a redirect is the caller's answer
+  if (pinned) {
+    curl_easy_setopt(h, CURLOPT_RESOLVE, resolve.get());
+    curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, openPinnedSocket);
+    curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, &pins);
+    curl_easy_setopt(h, CURLOPT_PROXY, "");  // a proxy would resolve the name again
+  }
   curl_easy_setopt(h, CURLOPT_FRESH_CONNECT, request.fresh_connection ? 1L : 0L);
   curl_easy_setopt(h, CURLOPT_FORBID_REUSE, request.fresh_connection ? 1L : 0L);
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
@@ -289,6 +404,9 @@ bool stream(const UpstreamRequest& request, const std::function<bool(int, const 
   if (t.aborted) return false;
   if (t.cancelled && !t.head_done) throw UpstreamCancelled("cancelled: the node is stopping");
   if (!t.head_done) {
+    if (!pins.refused.empty() && rc == CURLE_COULDNT_CONNECT)
+      throw UpstreamError("refused to connect to " + pins.refused +
+                          ": not one of the addresses the request is pinned to");
     throw UpstreamError(std::string(curl_easy_strerror(rc)) + (errbuf[0] ? ": " : "") + errbuf);
   }
   return false;

@@ -18,6 +18,14 @@
 //
 // Request paths go out as given (CURLOPT_PATH_AS_IS): libcurl does not resolve dot segments.
 //
+// A request with `pinned_addresses` connects only there: the caller resolved the name and
+// judged each address (secret-use, ops.cc), and libcurl must not resolve it again (a second
+// answer could differ: DNS rebinding). Such a request runs on an easy handle of its own that
+// is never pooled, because a handle keeps both its DNS cache (CURLOPT_RESOLVE entries outlive
+// curl_easy_reset) and its open connections: pooled, the pin would steer a later request for
+// the same host:port, and an earlier connection to an unchecked address could carry the
+// pinned one. No proxy is used for it.
+//
 // A transfer is given up within about a second (libcurl calls the progress callback at least
 // once a second) when the thread serves a request of a stopping HttpServer (stopRequested(),
 // http.h) or when the request's `cancel` flag is set.
@@ -31,6 +39,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace samnode {
 
@@ -60,6 +69,13 @@ struct UpstreamRequest {
   /// A new connection for this request, closed after it: for readiness probes, where a
   /// kept-alive connection could outlive the listener it was opened to.
   bool fresh_connection = false;
+  /// When not empty, the only addresses this request may connect to: numeric IPv4 or IPv6
+  /// ("192.0.2.7", "2001:db8::7", no brackets, no zone), already checked by the caller. The
+  /// URL's host is resolved to them alone (CURLOPT_RESOLVE "host:port:addr,..."), a connect
+  /// to any other address is refused (CURLOPT_OPENSOCKETFUNCTION) and the request uses a
+  /// fresh, unpooled easy handle (see above). A malformed entry throws UpstreamError before
+  /// anything is sent.
+  std::vector<std::string> pinned_addresses;
 };
 
 /// Most idle libcurl handles (each with its open upstream connections) kept for reuse; one

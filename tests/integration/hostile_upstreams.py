@@ -9,7 +9,7 @@ bytes).
     r = call(node.socket_path, "GET", "/v1/models", READER)
     world.close()                        # every node, upstream and temporary directory
 
-Everything listens on 127.0.0.1 or a Unix socket.
+Everything listens on 127.0.0.1 or a Unix socket, or inside a test network namespace.
 """
 
 import http.client
@@ -23,7 +23,7 @@ import socketserver
 import tempfile
 import threading
 
-from boxlib import wait_for
+from boxlib import netns_socket, wait_for
 from nodelib import SamNode, UnixHTTPConnection
 
 READER = "reader.test.example"    # role readers: chat, tools/read, bar, secret tok, spawn ok
@@ -129,11 +129,23 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     allow_reuse_address = True
 
 
+class _DualStackServer(_Server):
+    address_family = socket.AF_INET6
+
+    def server_bind(self):
+        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
 class Upstream:
     """An HTTP server on 127.0.0.1; `respond(handler, method, body)` answers; every request is
-    recorded as (method, path, [(name, value)], body)."""
+    recorded as (method, path, [(name, value)], body).
 
-    def __init__(self, respond):
+    netns: listen in that network namespace instead, on every address of it, IPv4 and IPv6
+    (its loopback, its own interface addresses): a recorder of whatever reaches the namespace
+    on that port."""
+
+    def __init__(self, respond, netns=None):
         upstream = self
         self.seen, self.respond = [], respond
 
@@ -151,7 +163,14 @@ class Upstream:
 
             do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _any
 
-        self.server = _Server(("127.0.0.1", 0), Handler)
+        if netns is None:
+            self.server = _Server(("127.0.0.1", 0), Handler)
+        else:
+            self.server = _DualStackServer(("::", 0), Handler, bind_and_activate=False)
+            self.server.socket.close()
+            self.server.socket = netns_socket(netns, socket.AF_INET6)
+            self.server.server_bind()
+            self.server.server_activate()
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -288,6 +307,9 @@ def node_config(files, world):
              "command": ["hold"]}],
         "runner": f"{files}/runner",
         "probe_interval_ms": 100,
+        # The secret-use destinations are the echo servers on loopback ("localhost"), which the
+        # node refuses (forbidden-address) unless allowed here.
+        "allow_destinations": ["127.0.0.0/8", "::1/128"],
         "roles": [
             {"name": "readers", "allowed_agents": [READER], "services": ["chat", "tools", "bar"],
              "tools": ["tools/read"], "spawn": ["ok", "slow"],
@@ -299,6 +321,21 @@ def node_config(files, world):
              "spawn": ["forbidden", "slow"],
              "secrets": [{"name": "other",
                           "destinations": [f"localhost:{world.echo2.port}"]}]}]}
+
+
+def secret_use_config(files, port, allow_destinations=None):
+    """A node that only relays secret-use: READER may use secret "tok" (plain http allowed)
+    with any name under example.com on `port`, a wildcard on a domain whose names lead
+    anywhere. `allow_destinations`: the node's exceptions to forbidden-address (None: none).
+    The secret is the file `files`/tok."""
+    config = {
+        "version": "v1",
+        "secrets": [{"name": "tok", "ref": f"file://{files}/tok", "allow_http": True}],
+        "roles": [{"name": "readers", "allowed_agents": [READER],
+                   "secrets": [{"name": "tok", "destinations": [f"*.example.com:{port}"]}]}]}
+    if allow_destinations is not None:
+        config["allow_destinations"] = list(allow_destinations)
+    return config
 
 
 class World:

@@ -11,21 +11,27 @@ the raw client are in hostile_upstreams.py; the node is nodelib's SamNode.
 Tests whose docstring starts with "HOLE" failed before the node was fixed; each names the file
 and function that had the hole.
 
-Everything runs on loopback and Unix sockets.
+Everything runs on loopback and Unix sockets; the forbidden-address tests run the node in the
+test network namespace BOX (conftest.py), with that namespace's own /etc/hosts.
 """
 
 import http.client
 import json
+import pathlib
+import shutil
 import socket
+import tempfile
 import threading
+import types
 
 import pytest
 
 from boxlib import wait_for
-from hostile_upstreams import (API_KEY, READER, SECRET, STRANGER, TLS_SECRET, WRITER, World,
-                               alive, call, calls_seen, deep, mcp, mcp_respond, raw,
-                               raw_tools_list, tool_call, try_raw)
-from nodelib import sam_node  # noqa: F401 (a fixture)
+from hostile_upstreams import (API_KEY, READER, SECRET, STRANGER, TLS_SECRET, WRITER, Upstream,
+                               World, alive, call, calls_seen, deep, echo_respond, mcp,
+                               mcp_respond, raw, raw_tools_list, secret_use_config, tool_call,
+                               try_raw)
+from nodelib import SamNode, sam_node  # noqa: F401 (a fixture)
 
 MAX_CONNECTIONS = 256  # kMaxConnections in src/sam-node/http.h
 
@@ -511,6 +517,114 @@ def test_secret_goes_over_http_only_when_its_declaration_allows_it(sock, world):
     assert TLS_SECRET not in r.body.decode()
     assert len(world.echo.seen) == before
     assert TLS_SECRET not in world.node.stderr_text()
+
+
+# ---------------------------------------------------------------------------------------
+# secret-use: where a granted name leads. The nodes run in the test namespace BOX, whose own
+# /etc/hosts (conftest.py HOSTS, through `ip netns exec`) points names under example.com at
+# loopback, the metadata address, the namespace's own interface and so on; the role grants
+# "*.example.com:<port>", a wildcard on a domain whose names lead anywhere. A recorder listens
+# on that port on every address of BOX, so whatever a refused request would have reached
+# is there to see that nothing came.
+
+FORBIDDEN = {  # name -> the address it resolves to in BOX (conftest.py HOSTS)
+    "loopback.example.com": "127.0.0.1",
+    "loopback6.example.com": "::1",
+    "mapped.example.com": "::ffff:127.0.0.1",  # IPv4-mapped: judged as 127.0.0.1
+    "nat64.example.com": "64:ff9b::7f00:1",    # NAT64 (RFC 6052): judged as 127.0.0.1
+    "metadata.example.com": "169.254.169.254",
+    "linklocal6.example.com": "fe80::1",
+    "multicast.example.com": "224.0.0.1",
+    "unspecified.example.com": "0.0.0.0",
+    "self.example.com": "198.18.0.1",          # BOX's own interface: the node's host
+    "self6.example.com": "2001:db8::1",
+}
+
+
+@pytest.fixture(scope="module")
+def boxed(topo):
+    """The recorder in BOX and two nodes in BOX: `strict` (no allow_destinations) and `loose`
+    (allow_destinations 127.0.0.0/8 and ::1/128)."""
+    rec = Upstream(echo_respond, netns=topo.box)
+    files = pathlib.Path(tempfile.mkdtemp(prefix="sam-node-files-"))
+    (files / "tok").write_text(SECRET)
+    (files / "tok").chmod(0o600)
+    nodes = []
+    try:
+        for allow in (None, ["127.0.0.0/8", "::1/128"]):
+            nodes.append(SamNode(secret_use_config(files, rec.port, allow), netns=topo.box))
+            nodes[-1].start()
+        yield types.SimpleNamespace(rec=rec, strict=nodes[0], loose=nodes[1])
+    finally:
+        for node in nodes:
+            node.close()
+        rec.stop()
+        shutil.rmtree(files, ignore_errors=True)
+
+
+def boxed_use(node, name, port):
+    return use(node.socket_path, READER, f"http://{name}:{port}/echo")
+
+
+def refusal_logs(node):
+    return {line["destination"].rsplit(":", 1)[0]: line for line in node.logs()
+            if line.get("msg") == "secret-use refused" and line.get("reason") == "forbidden-address"}
+
+
+def test_granted_name_resolving_into_forbidden_space_gets_no_secret(boxed):
+    """HOLE (issue 6): secretUse (ops.cc) checked the grant by name and let libcurl resolve it,
+    so a granted name (or any name under a granted wildcard) that resolves to loopback, the
+    metadata address or the node's own host received the secret. The node now resolves the
+    name itself and refuses such an address (403 forbidden-address), as sam-box does."""
+    rec, node = boxed.rec, boxed.strict
+    rec.seen.clear()
+    metric = 'sam_node_refusals_total{reason="forbidden-address"}'
+    before = node.metric(metric)
+    for name in FORBIDDEN:
+        r = boxed_use(node, name, rec.port)
+        assert (r.status, r.header("Sam-Node-Reason")) == (403, "forbidden-address"), \
+            (name, r.status, r.body)
+        assert SECRET not in r.body.decode()
+    assert rec.seen == []
+    assert node.metric(metric) - before == len(FORBIDDEN)
+    logged = refusal_logs(node)
+    for name, address in FORBIDDEN.items():
+        assert logged[name]["address"] == address and logged[name]["caller"] == READER
+    assert SECRET not in node.stderr_text()
+
+
+def test_allow_destinations_lifts_the_refusal_for_its_prefixes_only(boxed):
+    """With allow_destinations [127.0.0.0/8, ::1/128] the same grant reaches loopback, also
+    through an IPv4-mapped address, with the secret; every other forbidden address is still
+    refused, the node's own interface included."""
+    rec, node = boxed.rec, boxed.loose
+    for name in ("loopback.example.com", "loopback6.example.com", "mapped.example.com"):
+        rec.seen.clear()
+        r = boxed_use(node, name, rec.port)
+        assert r.status == 200 and r.json()["status"] == 200, (name, r.body)
+        assert SECRET not in r.body.decode()
+        assert len(rec.seen) == 1
+        headers = dict(rec.seen[0][2])
+        assert headers["Authorization"] == "Bearer " + SECRET
+        assert headers["Host"] == f"{name}:{rec.port}"
+    rec.seen.clear()
+    for name in ("metadata.example.com", "linklocal6.example.com", "multicast.example.com",
+                 "unspecified.example.com", "self.example.com", "self6.example.com"):
+        r = boxed_use(node, name, rec.port)
+        assert (r.status, r.header("Sam-Node-Reason")) == (403, "forbidden-address"), \
+            (name, r.status, r.body)
+    assert rec.seen == []
+
+
+def test_granted_name_that_does_not_resolve_fails_and_sends_nothing(boxed):
+    """A name under the wildcard that resolves nowhere (BOX's resolver is a closed port on
+    its own loopback): 502 destination-failed, saying so."""
+    rec, node = boxed.rec, boxed.strict
+    rec.seen.clear()
+    r = boxed_use(node, "nowhere.example.com", rec.port)
+    assert (r.status, r.header("Sam-Node-Reason")) == (502, "destination-failed"), r.body
+    assert "cannot resolve nowhere.example.com" in r.json()["error"]["message"]
+    assert rec.seen == []
 
 
 # ---------------------------------------------------------------------------------------

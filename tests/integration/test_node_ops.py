@@ -238,6 +238,9 @@ def env():
                   {"name": "broken", "bundle": f"{tmp}/bundle.yaml", "backend": "host",
                    "command": ["fail"]}],
         "runner": str(runner),
+        # The destinations are python servers on loopback, which secret-use refuses
+        # (forbidden-address) unless the operator allows it.
+        "allow_destinations": ["127.0.0.0/8", "::1/128"],
         "roles": [{"name": "readers", "allowed_agents": [READER], "services": ["alpha", "beta"],
                    "tools": ["alpha/read", "alpha/shared", "beta/*"],
                    "spawn": ["worker", "broken"],
@@ -330,6 +333,33 @@ def test_secret_use_is_https_only_unless_the_secret_allows_http(env):
     assert status == 502 and headers["Sam-Node-Reason"] == "destination-failed", reply
     assert SECRET not in json.dumps(reply)
     assert EchoHandler.seen == []
+
+
+def test_secret_use_to_loopback_needs_allow_destinations(env):
+    """"localhost" is a name, and a role may grant it; but it resolves to loopback, where the
+    node's own host serves things the secret must never reach. Without `allow_destinations`
+    the node refuses it (403 forbidden-address) before any byte goes out; the module's node,
+    configured with 127.0.0.0/8 and ::1/128, reached the same server above."""
+    config = json.loads(env.node.config_path.read_text())
+    del config["allow_destinations"]
+    strict = SamNode(config)
+    try:
+        strict.start()
+        EchoHandler.seen.clear()
+        status, headers, _ = strict.request("POST", "/ops/secret-use", agent=READER, body={
+            "secret": "api-token",
+            "request": {"url": f"http://localhost:{env.echo_port}/api"}})
+        assert status == 403 and headers["Sam-Node-Reason"] == "forbidden-address"
+        assert EchoHandler.seen == []
+        assert strict.metric('sam_node_refusals_total{reason="forbidden-address"}') == 1
+        assert strict.metric(
+            'sam_node_operations_total{operation="secret-use",outcome="denied"}') == 1
+        refused = [line for line in strict.logs() if line.get("msg") == "secret-use refused"]
+        assert refused and refused[0]["reason"] == "forbidden-address"
+        assert refused[0]["address"] in ("127.0.0.1", "::1")
+        assert SECRET not in strict.stderr_text()
+    finally:
+        strict.close()
 
 
 # ---------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ spawn:
     command: [python3, /app/review.py]
 runner: /usr/local/bin/compass-runner
 probe_interval_ms: 250
+allow_destinations: [127.0.0.1/32]
 roles:
   - name: researchers
     allowed_agents: [researcher-1.prod.acme.example, "*.c1.acme.example"]
@@ -82,6 +83,9 @@ TEST(ConfigTest, ParsesTheDocumentedExample) {
   EXPECT_EQ(c.spawnTemplate("reviewer")->command.size(), 2u);
   EXPECT_EQ(c.runner, "/usr/local/bin/compass-runner");
   EXPECT_EQ(c.probe_interval, std::chrono::milliseconds(250));
+  ASSERT_EQ(c.destinations.allowed().size(), 1u);
+  EXPECT_TRUE(c.destinations.permits(asio::ip::make_address("127.0.0.1")));
+  EXPECT_FALSE(c.destinations.permits(asio::ip::make_address("127.0.0.2")));
   ASSERT_EQ(c.roles.size(), 1u);
   const Role& r = c.roles[0];
   ASSERT_EQ(r.allowed_agents.size(), 2u);
@@ -103,6 +107,10 @@ TEST(ConfigTest, DefaultsOfAMinimalFile) {
   EXPECT_TRUE(c.services.empty());
   EXPECT_EQ(c.runner, "compass-runner");
   EXPECT_EQ(c.probe_interval, std::chrono::milliseconds(1000));
+  // No exception by default: loopback and the metadata address stay forbidden to secret-use.
+  EXPECT_TRUE(c.destinations.allowed().empty());
+  EXPECT_FALSE(c.destinations.permits(asio::ip::make_address("127.0.0.1")));
+  EXPECT_FALSE(c.destinations.permits(asio::ip::make_address("169.254.169.254")));
   const Config d = parseConfig("version: v1\nsecrets:\n  - name: k\n    ref: k\n");
   EXPECT_EQ(d.secrets[0].header, "Authorization");
   EXPECT_EQ(d.secrets[0].format, "Bearer {}");
@@ -173,6 +181,40 @@ TEST(ConfigTest, RefusalsNameTheField) {
     EXPECT_THAT(error, StartsWith(c.prefix));
     EXPECT_THAT(error, HasSubstr(c.detail));
   }
+}
+
+TEST(ConfigTest, AllowDestinationsTakesCidrsLikeSamBox) {
+  const Config c =
+      parseConfig("version: v1\nallow_destinations: [127.0.0.0/8, \"::1\", 169.254.169.254]\n");
+  ASSERT_EQ(c.destinations.allowed().size(), 3u);
+  EXPECT_EQ(c.destinations.allowed()[1].text(), "::1/128");  // a bare address is one host
+  EXPECT_TRUE(c.destinations.permits(asio::ip::make_address("127.9.9.9")));
+  EXPECT_TRUE(c.destinations.permits(asio::ip::make_address("::ffff:127.0.0.1")));  // mapped
+  EXPECT_TRUE(c.destinations.permits(asio::ip::make_address("169.254.169.254")));
+  EXPECT_FALSE(c.destinations.permits(asio::ip::make_address("169.254.169.253")));
+  EXPECT_TRUE(parseConfig("version: v1\nallow_destinations: []\n").destinations.allowed().empty());
+
+  struct Case {
+    std::string value, prefix, detail;
+  };
+  const std::vector<Case> cases = {
+      {"127.0.0.1/8", "allow_destinations[0]: \"127.0.0.1/8\"", "host bits"},
+      {"localhost", "allow_destinations[0]: \"localhost\"", "not an IP address"},
+      {"10.0.0.0/33", "allow_destinations[0]", "out of range"},
+      {"\"fe80::1%eth0\"", "allow_destinations[0]", "zone"},
+      {"\"\"", "allow_destinations[0]", "must not be empty"},
+      {"[a, b]", "allow_destinations[0]", "must be a string"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.value);
+    const std::string error = refusal("version: v1\nallow_destinations: [" + c.value + "]\n");
+    EXPECT_THAT(error, StartsWith(c.prefix));
+    EXPECT_THAT(error, HasSubstr(c.detail));
+  }
+  EXPECT_THAT(refusal("version: v1\nallow_destinations: 127.0.0.0/8\n"),
+              StartsWith("allow_destinations: must be a sequence"));
+  EXPECT_THAT(refusal("version: v1\nallow_destinations: [10.0.0.0/8, 127.0.0.0/33]\n"),
+              StartsWith("allow_destinations[1]"));
 }
 
 TEST(ConfigTest, DuplicateRoleNames) {

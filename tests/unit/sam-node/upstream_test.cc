@@ -29,16 +29,26 @@ using namespace std::string_literals;
 // Generous: only keeps a broken build from hanging the test run; never a timed assertion.
 constexpr auto kDeadline = std::chrono::seconds(60);
 
-common::UniqueFd listenLoopback(uint16_t& port) {
+// Listens on the IPv4 address `ip` (127.0.0.0/8) and `port` (0: any free one, written back).
+// An invalid fd if the port is taken.
+common::UniqueFd listenOn(const char* ip, uint16_t& port) {
   common::UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  addr.sin_port = htons(port);
+  ::inet_pton(AF_INET, ip, &addr.sin_addr);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return {};
   EXPECT_EQ(::listen(fd.get(), 16), 0);
   socklen_t len = sizeof addr;
   ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
   port = ntohs(addr.sin_port);
+  return fd;
+}
+
+common::UniqueFd listenLoopback(uint16_t& port) {
+  port = 0;
+  auto fd = listenOn("127.0.0.1", port);
+  EXPECT_TRUE(fd.valid());
   return fd;
 }
 
@@ -47,6 +57,11 @@ common::UniqueFd listenLoopback(uint16_t& port) {
 class KeepAliveUpstream {
  public:
   KeepAliveUpstream() : listener_(listenLoopback(port_)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  /// On `listener` (already listening), answering every request with `body`.
+  KeepAliveUpstream(common::UniqueFd listener, uint16_t port, std::string body)
+      : port_(port), listener_(std::move(listener)), body_(std::move(body)) {
     thread_ = std::thread([this] { run(); });
   }
   ~KeepAliveUpstream() {
@@ -81,7 +96,9 @@ class KeepAliveUpstream {
         for (auto end = got.find("\r\n\r\n"); end != std::string::npos;
              end = got.find("\r\n\r\n")) {
           got.erase(0, end + 4);
-          const std::string answer = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+          const std::string answer =
+              "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body_.size()) + "\r\n\r\n" +
+              body_;
           ::send(fds[i].fd, answer.data(), answer.size(), MSG_NOSIGNAL);
         }
       }
@@ -90,6 +107,7 @@ class KeepAliveUpstream {
 
   uint16_t port_ = 0;
   common::UniqueFd listener_;
+  std::string body_ = "ok";
   std::atomic<bool> stop_{false};
   std::atomic<int> accepted_{0};
   std::thread thread_;
@@ -192,6 +210,90 @@ TEST(UpstreamTest, ConnectionIsKeptAliveAcrossRequestsAndThreads) {
   // A later transfer on another thread takes the pooled handle, and its connection, too.
   std::thread([&] { EXPECT_EQ(fetch(req, 1024).body, "ok"); }).join();
   EXPECT_EQ(upstream.accepted(), 1);
+}
+
+// Two upstreams on one port: "plain" on 127.0.0.1 (where "localhost" resolves) and "pinned"
+// on 127.0.0.2 (where no resolver sends "localhost").
+struct TwoAddresses {
+  uint16_t port = 0;
+  std::unique_ptr<KeepAliveUpstream> plain, pinned;
+
+  TwoAddresses() {
+    for (int attempt = 0; attempt < 50 && !pinned; ++attempt) {
+      port = 0;
+      auto a = listenOn("127.0.0.1", port);
+      auto b = listenOn("127.0.0.2", port);
+      if (!a.valid() || !b.valid()) continue;  // the port is taken on 127.0.0.2: next one
+      plain = std::make_unique<KeepAliveUpstream>(std::move(a), port, "plain");
+      pinned = std::make_unique<KeepAliveUpstream>(std::move(b), port, "pinned");
+    }
+  }
+  [[nodiscard]] std::string url() const {
+    return "http://localhost:" + std::to_string(port) + "/x";
+  }
+};
+
+TEST(UpstreamTest, PinnedRequestGoesToThePinnedAddressNotWhereTheNameResolves) {
+  TwoAddresses up;
+  ASSERT_TRUE(up.pinned) << "no port free on both 127.0.0.1 and 127.0.0.2";
+  UpstreamRequest req;
+  req.url = up.url();
+  req.pinned_addresses = {"127.0.0.2"};
+  EXPECT_EQ(fetch(req, 1024).body, "pinned");
+  // Several addresses: each is a candidate (libcurl tries them in turn).
+  req.pinned_addresses = {"127.0.0.2", "::1"};
+  EXPECT_EQ(fetch(req, 1024).body, "pinned");
+}
+
+TEST(UpstreamTest, PinDoesNotLeakToTheNextRequestOnAPooledHandle) {
+  TwoAddresses up;
+  ASSERT_TRUE(up.pinned) << "no port free on both 127.0.0.1 and 127.0.0.2";
+  UpstreamRequest plain;
+  plain.url = up.url();
+  UpstreamRequest pinned = plain;
+  pinned.pinned_addresses = {"127.0.0.2"};
+  // A plain request first: its handle, with a kept-alive connection to localhost:port on
+  // 127.0.0.1, goes back to the pool. The pinned request must not ride that connection.
+  EXPECT_EQ(fetch(plain, 1024).body, "plain");
+  EXPECT_EQ(fetch(pinned, 1024).body, "pinned");
+  // Nor may the pin (a CURLOPT_RESOLVE entry lives in a handle's DNS cache past
+  // curl_easy_reset) or its connection steer the next plain request to the same host:port,
+  // on this thread (the most recently pooled handle) or another.
+  EXPECT_EQ(fetch(plain, 1024).body, "plain");
+  EXPECT_EQ(fetch(pinned, 1024).body, "pinned");
+  EXPECT_EQ(fetch(plain, 1024).body, "plain");
+  std::thread([&] { EXPECT_EQ(fetch(plain, 1024).body, "plain"); }).join();
+  EXPECT_EQ(up.plain->accepted(), 1);   // plain requests still share one kept-alive connection
+  EXPECT_EQ(up.pinned->accepted(), 2);  // each pinned request on a connection of its own
+}
+
+TEST(UpstreamTest, PinnedRequestConnectsNowhereElse) {
+  TwoAddresses up;
+  ASSERT_TRUE(up.pinned) << "no port free on both 127.0.0.1 and 127.0.0.2";
+  // Pinned to an address nothing listens on (127.0.0.3): refused, never the resolved one.
+  UpstreamRequest req;
+  req.url = up.url();
+  req.pinned_addresses = {"127.0.0.3"};
+  EXPECT_THROW(fetch(req, 1024), UpstreamError);
+  EXPECT_EQ(up.plain->accepted(), 0);
+  EXPECT_EQ(up.pinned->accepted(), 0);
+  // However the URL spells the host (a trailing dot, an address literal), the pin decides:
+  // still 127.0.0.3, still refused, never the address the spelling would resolve to.
+  for (const std::string host : {"localhost.", "LOCALHOST", "127.0.0.1"}) {
+    SCOPED_TRACE(host);
+    req.url = "http://" + host + ":" + std::to_string(up.port) + "/x";
+    EXPECT_THROW(fetch(req, 1024), UpstreamError);
+  }
+  EXPECT_EQ(up.plain->accepted(), 0);
+  // A malformed pin is an error before anything is sent, never a silent "resolve it yourself".
+  for (const char* bad : {"localhost", "[::1]", "127.0.0.1:80", "fe80::1%lo", ""}) {
+    SCOPED_TRACE(bad);
+    req.url = up.url();
+    req.pinned_addresses = {bad};
+    EXPECT_THROW(fetch(req, 1024), UpstreamError);
+  }
+  EXPECT_EQ(up.plain->accepted(), 0);
+  EXPECT_EQ(up.pinned->accepted(), 0);
 }
 
 TEST(UpstreamTest, CancelFlagAbandonsATransferToASilentUpstream) {
