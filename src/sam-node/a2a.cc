@@ -177,7 +177,7 @@ void A2aDirectory::serve(const Request& req, ResponseWriter& out) {
   if (service == nullptr || service->type != ServiceType::kA2a ||
       !node.grants.mayUseService(req.agent, name)) {
     refuse(node, req, out, kRoute, 403, "not-granted",
-           "no a2a service \"" + name + "\" is granted to this agent");
+           "no a2a service \"" + name + "\" is granted to agent " + req.agent);
     return;
   }
   noteAccess(name);

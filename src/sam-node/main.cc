@@ -37,23 +37,36 @@ int fail(int code, const std::string& message) {
   return code;
 }
 
-// Every secret reference the configuration names, checked for syntax before serving: a typo
-// is a start-up error, not a 502 at the first request. Values are read only when used.
+// One secret reference: its syntax is a start-up error (a typo must not become a 502 at the
+// first request); a value that cannot be read now is only a warning, since values are read
+// when used and may appear later (a rotated file, a keyring unlocked after boot).
+void checkSecret(const samnode::SecretStore& secrets, const std::string& field,
+                 const std::string& ref) {
+  try {
+    secrets.validate(ref);
+  } catch (const samnode::SecretError& e) {
+    throw samnode::ConfigError(field + ": " + e.what());
+  }
+  try {
+    static_cast<void>(secrets.read(ref));
+  } catch (const samnode::SecretError& e) {
+    common::log::warn(
+        "secret not readable now; requests that need it fail with "
+        "secret-unavailable until it is",
+        {{"field", field}, {"error", e.what()}});
+  }
+}
+
+// Every secret reference the configuration names, checked before serving.
 void validateSecrets(const samnode::Config& config, const samnode::SecretStore& secrets) {
-  for (size_t i = 0; i < config.services.size(); ++i)
+  for (size_t i = 0; i < config.services.size(); ++i) {
     if (!config.services[i].api_key.empty()) {
-      try {
-        secrets.validate(config.services[i].api_key);
-      } catch (const samnode::SecretError& e) {
-        throw samnode::ConfigError("services[" + std::to_string(i) + "].api_key: " + e.what());
-      }
+      checkSecret(secrets, "services[" + std::to_string(i) + "].api_key",
+                  config.services[i].api_key);
     }
+  }
   for (size_t i = 0; i < config.secrets.size(); ++i) {
-    try {
-      secrets.validate(config.secrets[i].ref);
-    } catch (const samnode::SecretError& e) {
-      throw samnode::ConfigError("secrets[" + std::to_string(i) + "].ref: " + e.what());
-    }
+    checkSecret(secrets, "secrets[" + std::to_string(i) + "].ref", config.secrets[i].ref);
   }
 }
 

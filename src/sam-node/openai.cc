@@ -70,7 +70,8 @@ void serveOpenai(Node& node, const Request& req, ResponseWriter& out) {
   }
   const auto granted = grantedModels(node, req.agent);
   if (granted.empty()) {
-    refuse(node, req, out, kRoute, 403, "not-granted", "no model service is granted to this agent");
+    refuse(node, req, out, kRoute, 403, "not-granted",
+           "no model service is granted to agent " + req.agent);
     return;
   }
   const Service* service = chooseService(granted, req);

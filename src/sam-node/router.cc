@@ -1,5 +1,7 @@
 #include <chrono>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/log.h"
 #include "sam-node/node.h"
@@ -105,6 +107,30 @@ void refuse(Node& node, const Request& req, ResponseWriter& out, std::string_vie
            body.dump());
 }
 
+namespace {
+
+// An id that matches no role gets nothing from any route, which looks like an empty model or
+// tool list to the agent; the usual cause is a typo in the bundle's agent.id or in
+// allowed_agents. Said once per id (up to kMaxNoRoleIdsRemembered ids) so the log names it.
+constexpr size_t kMaxNoRoleIdsRemembered = 1024;
+
+void warnOnceIfNoRole(const Node& node, const std::string& agent) {
+  static std::mutex mu;
+  static std::set<std::string, std::less<>> seen;
+  if (!node.grants.roles(agent).empty()) return;
+  {
+    std::lock_guard lock(mu);
+    if (seen.size() >= kMaxNoRoleIdsRemembered || !seen.insert(agent).second) return;
+  }
+  common::log::warn("agent matches no role: every request from it is refused or answered empty",
+                    {{"caller", agent},
+                     {"hint",
+                      "check the bundle's agent.id and the roles' "
+                      "allowed_agents"}});
+}
+
+}  // namespace
+
 void dispatch(Node& node, McpAggregator& mcp, A2aDirectory& a2a, Operations& ops,
               const Request& req, ResponseWriter& out) {
   const std::string_view path = req.path;
@@ -134,6 +160,7 @@ void dispatch(Node& node, McpAggregator& mcp, A2aDirectory& a2a, Operations& ops
            "more than one X-Sam-Agent field: requests carry exactly one, set by sam-box");
     return;
   }
+  warnOnceIfNoRole(node, req.agent);
   if (route == "openai") {
     serveOpenai(node, req, out);
   } else if (route == "mcp" && path == "/mcp") {

@@ -173,6 +173,12 @@ def test_agent_without_a_model_grant_is_refused(node, model_server):  # noqa: F8
     status, headers, body = node.request("POST", "/v1/chat/completions", agent=STRANGER,
                                          body={"model": "chat", "messages": []})
     assert status == 403 and headers["sam-node-reason"] == "not-granted", body
+    # The refusal names the id the node saw (a typo in agent.id is then plain to see), and the
+    # log says once that this id matches no role.
+    assert STRANGER in json.loads(body)["error"]["message"], body
+    node.request("GET", "/v1/models", agent=STRANGER)
+    no_role = [line for line in node.logs() if line.get("msg", "").startswith("agent matches no role")]
+    assert [line["caller"] for line in no_role] == [STRANGER], no_role
     status, headers, _ = node.request("POST", "/v1/chat/completions", agent=OTHER,
                                       body={"model": "chat", "messages": []})
     # OTHER has exactly one model service: an unknown "model" goes to it, not to chat.
@@ -193,6 +199,19 @@ def test_bad_config_exits_2_naming_the_field(sam_node):  # noqa: F811
         {"name": "chat", "type": "openai", "target_url": "ftp://x"}]}, start=False).spawn()
     assert n.wait_exit() == 2
     assert "services[0].target_url" in n.stderr_text()
+
+
+def test_unreadable_secret_is_a_startup_warning_and_a_502_when_used(sam_node):  # noqa: F811
+    """A secret reference with good syntax but no value yet (values are read when used) starts
+    the node, says so at once naming the field, and fails only the requests that need it."""
+    n = sam_node(one_service({"name": "chat", "type": "openai",
+                              "target_url": f"http://127.0.0.1:{free_port()}/v1",
+                              "api_key": "env://COMPASS_TEST_UNSET_KEY"}))
+    warned = [line for line in n.logs() if line.get("msg", "").startswith("secret not readable")]
+    assert [line["field"] for line in warned] == ["services[0].api_key"], warned
+    status, headers, body = n.request("POST", "/v1/chat/completions", agent=AGENT_ID,
+                                      body={"model": "chat"})
+    assert status == 502 and headers["sam-node-reason"] == "secret-unavailable", body
 
 
 def test_unreachable_model_server_is_502(sam_node):  # noqa: F811
