@@ -10,6 +10,17 @@ namespace {
 
 constexpr size_t kMaxUnixPath = 107;  // sizeof(sockaddr_un::sun_path) - 1
 constexpr const char* kVsockScheme = "vsock://";
+constexpr std::string_view kH2UnixScheme = "h2+unix://";
+constexpr std::string_view kH2DevScheme = "h2+dev://";
+constexpr size_t kMaxDevicePath = 4095;  // PATH_MAX - 1
+
+bool validUnixPath(std::string_view path, std::string* reason) {
+  if (path.empty() || path.size() > kMaxUnixPath || path.find('\0') != std::string::npos) {
+    *reason = "a Unix socket path must be 1..107 bytes";
+    return false;
+  }
+  return true;
+}
 
 bool parseU32(std::string_view s, uint32_t* out) {
   if (s.empty() || s.size() > 10) return false;
@@ -35,6 +46,7 @@ std::optional<Boundary> parseBoundary(const std::string& text, std::string* reas
       *reason = "expected vsock://CID:PORT with decimal numbers";
       return std::nullopt;
     }
+    b.kind = Boundary::Kind::kVsock;
     // CIDs 0 and 1 are the hypervisor and local loopback; a guest dials the host at 2.
     if (b.vsock_cid < 2 || b.vsock_cid == 0xFFFFFFFF) {
       *reason = "vsock CID must be 2 or more (2 is the host)";
@@ -46,14 +58,30 @@ std::optional<Boundary> parseBoundary(const std::string& text, std::string* reas
     }
     return b;
   }
+  const std::string_view view(text);
+  if (view.starts_with(kH2UnixScheme)) {
+    const std::string_view path = view.substr(kH2UnixScheme.size());
+    if (!validUnixPath(path, reason)) return std::nullopt;
+    b.kind = Boundary::Kind::kH2Unix;
+    b.unix_path = std::string(path);
+    return b;
+  }
+  if (view.starts_with(kH2DevScheme)) {
+    const std::string_view path = view.substr(kH2DevScheme.size());
+    if (path.empty() || path.front() != '/' || path.size() > kMaxDevicePath ||
+        path.find('\0') != std::string::npos) {
+      *reason = "expected h2+dev:///absolute/device/path (at most 4095 bytes, no NUL)";
+      return std::nullopt;
+    }
+    b.kind = Boundary::Kind::kH2Dev;
+    b.device_path = std::string(path);
+    return b;
+  }
   if (text.find("://") != std::string::npos) {
-    *reason = "unknown scheme (only vsock:// or a Unix socket path)";
+    *reason = "unknown scheme (only vsock://, h2+unix://, h2+dev:// or a Unix socket path)";
     return std::nullopt;
   }
-  if (text.empty() || text.size() > kMaxUnixPath || text.find('\0') != std::string::npos) {
-    *reason = "a Unix socket path must be 1..107 bytes";
-    return std::nullopt;
-  }
+  if (!validUnixPath(text, reason)) return std::nullopt;
   b.unix_path = text;
   return b;
 }
@@ -71,7 +99,9 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
                     "Create a user namespace, then a network namespace holding only lo and tun0");
   run_cmd->add_option("--ingress-socket", run.ingress_socket,
                       "Serve this Unix socket; each connection goes to 127.0.0.1:<port> inside");
-  run_cmd->add_option("boundary", run.boundary, "sam-box: a Unix socket path or vsock://CID:PORT")
+  run_cmd
+      ->add_option("boundary", run.boundary,
+                   "sam-box: a Unix socket path, vsock://CID:PORT, h2+unix://PATH or h2+dev://PATH")
       ->required();
   // Everything after BOUNDARY is CMD [ARGS…], including CMD's own --flags.
   run_cmd->prefix_command();

@@ -12,16 +12,23 @@
 
 namespace nanoinit {
 
-/// Where sam-box listens: a Unix socket path, or an AF_VSOCK CID:PORT (Firecracker guests).
+/// Where sam-box listens: a Unix socket path, or an AF_VSOCK CID:PORT (Firecracker guests),
+/// one connection per flow; or one byte stream carrying every flow as an HTTP/2 stream
+/// (issue 5, src/netstack/h2_mux.h): a Unix socket, or a character device.
 struct Boundary {
-  std::string unix_path;  ///< set for a Unix socket
+  enum class Kind { kUnix, kVsock, kH2Unix, kH2Dev };
+  Kind kind = Kind::kUnix;
+  std::string unix_path;    ///< kUnix, kH2Unix
+  std::string device_path;  ///< kH2Dev
   uint32_t vsock_cid = 0;
   uint32_t vsock_port = 0;
-  [[nodiscard]] bool isVsock() const { return unix_path.empty(); }
+  [[nodiscard]] bool isVsock() const { return kind == Kind::kVsock; }
 };
 
-/// Parses "vsock://CID:PORT" (decimal, CID ≥ 2, port 1..4294967294) or an absolute or
-/// relative Unix socket path (non-empty, no NUL, < 108 bytes). nullopt with `*reason` set.
+/// Parses "vsock://CID:PORT" (decimal, CID ≥ 2, port 1..4294967294), "h2+unix://PATH" (PATH a
+/// Unix socket path as below), "h2+dev://PATH" (PATH absolute, no NUL, < 4096 bytes), or an
+/// absolute or relative Unix socket path (non-empty, no NUL, < 108 bytes); any other
+/// "scheme://" is refused. nullopt with `*reason` set.
 std::optional<Boundary> parseBoundary(const std::string& text, std::string* reason);
 
 struct RunOptions {

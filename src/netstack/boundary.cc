@@ -1,11 +1,14 @@
 #include "netstack/boundary.h"
 
+#include "netstack/h2_mux.h"
 #include "netstack/limits.h"
 #include "netstack/packet.h"
 
 #include <linux/vm_sockets.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
+#include <climits>
 
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
@@ -20,6 +23,26 @@ namespace netstack {
 namespace {
 
 constexpr std::string_view kVsockScheme = "vsock://";
+constexpr std::string_view kH2UnixScheme = "h2+unix://";
+constexpr std::string_view kH2DevScheme = "h2+dev://";
+
+/// A Unix socket path: what the plain form and h2+unix:// accept. `what` prefixes errors.
+bool checkSocketPath(std::string_view path, const std::string& what, std::string* error) {
+  if (path.empty()) {
+    *error = what + ": empty Unix socket path";
+    return false;
+  }
+  if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+    *error = what + ": Unix socket path longer than " +
+             std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes";
+    return false;
+  }
+  if (path.find('\0') != std::string_view::npos) {
+    *error = what + ": Unix socket path contains a NUL byte";
+    return false;
+  }
+  return true;
+}
 
 bool parseU32(std::string_view text, uint32_t* out) {
   if (text.empty() || text.size() > 10) return false;
@@ -77,19 +100,29 @@ std::optional<BoundaryAddress> parseBoundary(std::string_view text, std::string*
     out.kind = BoundaryAddress::Kind::kVsock;
     return out;
   }
-  if (text.empty()) {
-    *error = "boundary: empty Unix socket path";
-    return std::nullopt;
+  if (text.starts_with(kH2UnixScheme)) {
+    const std::string_view path = text.substr(kH2UnixScheme.size());
+    if (!checkSocketPath(path, "boundary " + std::string(text), error)) return std::nullopt;
+    out.kind = BoundaryAddress::Kind::kH2Unix;
+    out.path = std::string(path);
+    return out;
   }
-  if (text.size() >= sizeof(sockaddr_un::sun_path)) {
-    *error = "boundary: Unix socket path longer than " +
-             std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes";
-    return std::nullopt;
+  if (text.starts_with(kH2DevScheme)) {
+    const std::string_view path = text.substr(kH2DevScheme.size());
+    const std::string what = "boundary " + std::string(text);
+    if (path.empty() || path.front() != '/') {
+      *error = what + ": want h2+dev:///absolute/device/path";
+      return std::nullopt;
+    }
+    if (path.size() >= PATH_MAX || path.find('\0') != std::string_view::npos) {
+      *error = what + ": device path too long or contains a NUL byte";
+      return std::nullopt;
+    }
+    out.kind = BoundaryAddress::Kind::kH2Dev;
+    out.path = std::string(path);
+    return out;
   }
-  if (text.find('\0') != std::string_view::npos) {
-    *error = "boundary: Unix socket path contains a NUL byte";
-    return std::nullopt;
-  }
+  if (!checkSocketPath(text, "boundary", error)) return std::nullopt;
   out.path = std::string(text);
   return out;
 }
@@ -154,9 +187,25 @@ asio::awaitable<TunnelResult> openTunnel(asio::generic::stream_protocol::socket&
   constexpr auto kTuple = asio::experimental::as_tuple(asio::use_awaitable);
   TunnelResult result;
   asio::steady_timer deadline(socket.get_executor(), kTunnelOpenTimeout);
+  if (boundary.mux) {
+    // One HTTP/2 stream on the shared byte stream: the mux hands over a socketpair end that
+    // speaks the same HTTP/1.1 exchange as a boundary connection (h2_mux.h).
+    std::string error;
+    const int fd = boundary.mux->openStream(&error);
+    asio::error_code ec;
+    if (fd >= 0) socket.assign(asio::generic::stream_protocol(AF_UNIX, 0), fd, ec);
+    if (fd < 0 || ec) {
+      if (fd >= 0 && !socket.is_open()) ::close(fd);
+      result.detail = fd < 0 ? error : ec.message();
+      co_return result;
+    }
+  }
   auto exchange = [&]() -> asio::awaitable<asio::error_code> {
-    auto [ec] = co_await socket.async_connect(boundaryEndpoint(boundary), kTuple);
-    if (ec) co_return ec;
+    asio::error_code ec;
+    if (!boundary.mux) {  // an HTTP/2 stream's socket is connected already
+      std::tie(ec) = co_await socket.async_connect(boundaryEndpoint(boundary), kTuple);
+      if (ec) co_return ec;
+    }
     std::tie(ec, std::ignore) = co_await asio::async_write(socket, asio::buffer(request), kTuple);
     if (ec) co_return ec;
     std::string head;

@@ -6,6 +6,7 @@
 #include "netstack/stack.h"
 
 #include "netstack/core.h"
+#include "netstack/h2_mux.h"
 #include "netstack/ingress.h"
 #include "netstack/log.h"
 #include "netstack/tcp_flow.h"
@@ -116,6 +117,11 @@ void Stack::Impl::start() {
   auto boundary = parseBoundary(options.boundary, &error);
   if (!boundary) throw std::runtime_error("netstack: " + error);
   core.boundary = *boundary;
+  if (core.boundary.isH2()) {
+    // One byte stream for every flow (h2_mux.h); opened now, so a bad path stops start-up.
+    core.boundary.mux = std::make_shared<H2Mux>(core.io, core.boundary);
+    core.boundary.mux->start();
+  }
   core.dns = options.dns;
   const int flags = ::fcntl(options.tun_fd, F_GETFL);
   if (flags < 0 || ::fcntl(options.tun_fd, F_SETFL, flags | O_NONBLOCK) != 0) {
@@ -153,6 +159,12 @@ void Stack::Impl::stop() {
   core.flush_after_batch.clear();
   core.lwip.stop();
   tun.close(ignored);
+  if (const auto& mux = core.boundary.mux) {
+    mux->stop();
+    log::info("h2 boundary stopped", {{"streams_opened", mux->streamsOpened()},
+                                      {"streams_refused", mux->streamsRefused()},
+                                      {"upstream_failures", mux->upstreamFailures()}});
+  }
   const Counters& c = core.counters;
   log::info("netstack stopped", {{"tcp_accepted", c.tcp_accepted},
                                  {"tcp_refused", c.tcp_refused},

@@ -66,6 +66,31 @@ TEST(BoundaryTest, VsockAndUnixPaths) {
   EXPECT_FALSE(parseBoundary(std::string(108, 'a'), &why));
 }
 
+TEST(BoundaryTest, Http2Forms) {
+  std::string why;
+  auto b = parseBoundary("h2+unix:///run/sam/agent.sock", &why);
+  ASSERT_TRUE(b) << why;
+  EXPECT_EQ(b->kind, Boundary::Kind::kH2Unix);
+  EXPECT_EQ(b->unix_path, "/run/sam/agent.sock");
+  EXPECT_FALSE(b->isVsock());
+  b = parseBoundary("h2+dev:///dev/virtio-ports/sam", &why);
+  ASSERT_TRUE(b) << why;
+  EXPECT_EQ(b->kind, Boundary::Kind::kH2Dev);
+  EXPECT_EQ(b->device_path, "/dev/virtio-ports/sam");
+  for (const std::string& bad :
+       {std::string("h2+unix://"), "h2+unix://" + std::string(108, 'a'), std::string("h2+dev://"),
+        std::string("h2+dev://dev/vport"), "h2+dev:///" + std::string(4095, 'a'),
+        std::string("h2+tcp://1.2.3.4:5"), std::string("h2://x")}) {
+    why.clear();
+    EXPECT_FALSE(parseBoundary(bad, &why)) << bad;
+    EXPECT_FALSE(why.empty()) << bad;
+  }
+  // The command line takes them and leaves them for the netstack as written.
+  auto p = parse({"run", "h2+dev:///dev/virtio-ports/sam", "true"});
+  ASSERT_TRUE(std::holds_alternative<RunOptions>(p));
+  EXPECT_EQ(std::get<RunOptions>(p).boundary, "h2+dev:///dev/virtio-ports/sam");
+}
+
 TEST(ResolvTest, RecognizesAFileThatAlreadyNamesTheVirtualDns) {
   EXPECT_TRUE(resolv::alreadyPointsAtVirtualDns("nameserver 100.127.255.253\n"));
   EXPECT_TRUE(resolv::alreadyPointsAtVirtualDns("# x\nsearch a\nnameserver 100.127.255.253"));
