@@ -22,6 +22,8 @@ inline constexpr const char* kReasonHeaderTooLarge = "header-too-large";
 inline constexpr const char* kReasonHeaderTimeout = "header-timeout";
 inline constexpr const char* kReasonMethodNotAllowed = "method-not-allowed";
 inline constexpr const char* kReasonTooManyFlows = "too-many-flows";
+/// An HTTP/2 stream the agent reset (or whose connection ended) before its tunnel was open.
+inline constexpr const char* kReasonStreamReset = "stream-reset";
 
 struct FlowRecord {
   std::string agent;

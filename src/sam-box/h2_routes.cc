@@ -96,6 +96,20 @@ asio::awaitable<void> H2Session::refuseStream(H2Stream& s, FlowRecord& record, i
   co_return;
 }
 
+// A stream that nghttp2 has closed (the agent's RST_STREAM, or the connection's end) before
+// its route opened the upstream: cancel hooks are set only once there is an upstream socket,
+// so each step that can take time (the co_spawn hand-off, resolving, connecting) checks this
+// after it, or an agent could make the box hold an upstream connection and a flow place per
+// reset stream (the rapid-reset pattern, CVE-2023-44487).
+namespace {
+bool abandonedBeforeOpen(H2Stream& s, FlowRecord& record, Metrics& metrics) {
+  if (!s.closed) return false;
+  record.fail(kReasonStreamReset);
+  finishFlow(record, metrics);
+  return true;
+}
+}  // namespace
+
 asio::awaitable<void> H2Session::serveStream(std::shared_ptr<H2Stream> stream) {
   auto self = shared_from_this();
   H2Stream& s = *stream;
@@ -111,7 +125,9 @@ asio::awaitable<void> H2Session::serveStream(std::shared_ptr<H2Stream> stream) {
       ~Release() { --n; }
     } release{server_.active_flows_};
     const StreamRequest request = checkRequest(s);
-    if (s.too_large) {
+    if (abandonedBeforeOpen(s, record, server_.metrics_)) {
+      // reset before it was served: nothing was opened for it
+    } else if (s.too_large) {
       server_.metrics_.limitHit(kLimitMaxHeaderBytes);
       co_await refuseStream(s, record, 431, kReasonHeaderTooLarge, false);
     } else if (request.status != 0) {
@@ -158,6 +174,7 @@ asio::awaitable<void> H2Session::streamTcp(H2Stream& s, FlowRecord& record) {
   const char* reason = nullptr;
   const auto addresses =
       co_await server_.resolvePermitted(record.decision, deadline, &reason, &record.address);
+  if (abandonedBeforeOpen(s, record, server_.metrics_)) co_return;
   if (addresses.empty()) {
     co_await refuseStream(s, record, resolveFailureStatus(reason), reason,
                           reason != kReasonForbiddenAddress);
@@ -182,6 +199,7 @@ asio::awaitable<void> H2Session::streamTcp(H2Stream& s, FlowRecord& record) {
     }
     if (timed_out || s.closed) break;
   }
+  if (abandonedBeforeOpen(s, record, server_.metrics_)) co_return;  // closes `upstream`
   if (!connected) {
     if (timed_out) server_.metrics_.limitHit(kLimitConnectTimeout);
     co_await refuseStream(s, record, timed_out ? 504 : 502,
@@ -241,6 +259,7 @@ asio::awaitable<void> H2Session::streamUdp(H2Stream& s, FlowRecord& record) {
   const char* reason = nullptr;
   const auto addresses =
       co_await server_.resolvePermitted(record.decision, deadline, &reason, &record.address);
+  if (abandonedBeforeOpen(s, record, server_.metrics_)) co_return;
   if (addresses.empty()) {
     co_await refuseStream(s, record, resolveFailureStatus(reason), reason,
                           reason != kReasonForbiddenAddress);
@@ -316,6 +335,7 @@ asio::awaitable<void> H2Session::streamMesh(H2Stream& s, FlowRecord& record) {
     co_await node.async_connect(asio::local::stream_protocol::endpoint(sidecar),
                                 asio::redirect_error(use_awaitable, ec));
   }
+  if (abandonedBeforeOpen(s, record, server_.metrics_)) co_return;  // closes `node`
   if (ec) {
     common::log::warn("node API socket unreachable",
                       {{"sidecar_socket", sidecar}, {"error", ec.message()}});
