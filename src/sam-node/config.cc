@@ -1,4 +1,5 @@
 #include "sam-node/config.h"
+#include "proto/http_syntax.h"
 
 #include <curl/curl.h>
 #include <yaml-cpp/yaml.h>
@@ -128,17 +129,6 @@ std::string targetUrl(const std::string& raw, const std::string& field) {
   return out;
 }
 
-// RFC 9110 §5.1 field name: a token.
-bool isToken(std::string_view text) {
-  if (text.empty()) return false;
-  for (char c : text) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
-    if (!ok) return false;
-  }
-  return true;
-}
-
 Service parseService(const YAML::Node& node, const std::string& field) {
   checkKeys(node, field, {"name", "type", "target_url", "api_key"});
   Service s;
@@ -168,7 +158,8 @@ SecretDecl parseSecret(const YAML::Node& node, const std::string& field) {
   s.ref = requiredString(node, "ref", field);
   if (node["header"]) {
     s.header = requiredString(node, "header", field);
-    if (!isToken(s.header)) fail(field + ".header", quote(s.header) + " is not a field name");
+    if (!proto::isToken(s.header))
+      fail(field + ".header", quote(s.header) + " is not a field name");
   }
   if (node["format"]) {
     s.format = requiredString(node, "format", field);

@@ -51,15 +51,6 @@ using Headers = std::vector<std::pair<std::string, std::string>>;
 /// Value of the first field named `name` (case-insensitive), or nullopt.
 std::optional<std::string> findHeader(const Headers& headers, std::string_view name);
 
-/// True if `name` may be written as a field name: a non-empty token (RFC 9110 §5.1, §5.6.2:
-/// letters, digits and !#$%&'*+-.^_`|~), so no space, colon or control character.
-bool isFieldName(std::string_view name);
-
-/// True if `value` may be written as a field value (RFC 9110 §5.5): visible ASCII, SP, HTAB and
-/// obs-text (0x80-0xFF); no CR, LF, NUL or other control character, so it cannot end the line
-/// early for any parser. Leading and trailing whitespace is the caller's to trim.
-bool isFieldValue(std::string_view value);
-
 struct Request {
   std::string method;
   std::string target;  ///< as sent (origin-form)
@@ -79,8 +70,8 @@ class ResponseWriter {
   virtual ~ResponseWriter() = default;
   /// Complete response with Content-Length.
   virtual bool send(int status, const Headers& headers, std::string_view body) = 0;
-  /// Starts a response. A field of `headers` that is not a valid field (isFieldName(),
-  /// isFieldValue()) is not written: logged once per response and counted as the refusal
+  /// Starts a response. A field of `headers` that is not a valid field (proto::isToken(),
+  /// proto::isFieldValue()) is not written: logged once per response and counted as the refusal
   /// "bad-response-field" (routes sanitise what they relay; this is the last line).
   /// `content_length` set: exactly that many body bytes follow, and a non-empty body's head is held
   /// back to go out with the first write() (one wake-up of the client per response); unset: the

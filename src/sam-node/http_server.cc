@@ -21,6 +21,7 @@
 
 #include "common/log.h"
 #include "common/unique_fd.h"
+#include "proto/http_syntax.h"
 #include "sam-node/http.h"
 
 namespace samnode {
@@ -34,17 +35,6 @@ using Clock = std::chrono::steady_clock;
 
 // The stop flag of the server whose connection this thread serves (stopRequested()).
 thread_local const std::atomic<bool>* tl_stopping = nullptr;
-
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    char x = a[i], y = b[i];
-    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
-    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
-    if (x != y) return false;
-  }
-  return true;
-}
 
 std::string_view reasonPhrase(int status) {
   static constexpr std::pair<int, std::string_view> kPhrases[] = {
@@ -85,7 +75,7 @@ std::string_view reasonPhrase(int status) {
 bool isHopByHop(std::string_view name) {
   for (std::string_view h : {"connection", "transfer-encoding", "content-length", "keep-alive",
                              "proxy-connection", "te", "trailer", "upgrade"})
-    if (iequals(name, h)) return true;
+    if (proto::equalsIgnoreCase(name, h)) return true;
   return false;
 }
 
@@ -146,7 +136,7 @@ class ConnWriter : public ResponseWriter {
     size_t refused = 0;
     for (const auto& [name, value] : headers) {
       if (isHopByHop(name)) continue;
-      if (!isFieldName(name) || !isFieldValue(value)) {
+      if (!proto::isToken(name) || !proto::isFieldValue(value)) {
         // Written as is, a CR or LF would end the line early: the client would read a field
         // (or a body) nobody sent.
         ++refused;
@@ -302,7 +292,7 @@ int onHeadersComplete(llhttp_t* p) {
     return -1;
   }
   auto expect = findHeader(s.req.headers, "expect");
-  if (expect && iequals(*expect, "100-continue") && p->http_minor >= 1)
+  if (expect && proto::equalsIgnoreCase(*expect, "100-continue") && p->http_minor >= 1)
     writeAll(s.fd, "HTTP/1.1 100 Continue\r\n\r\n");
   return 0;
 }
@@ -340,26 +330,8 @@ void sendError(int fd, int status, std::string_view message) {
 
 std::optional<std::string> findHeader(const Headers& headers, std::string_view name) {
   for (const auto& [k, v] : headers)
-    if (iequals(k, name)) return v;
+    if (proto::equalsIgnoreCase(k, name)) return v;
   return std::nullopt;
-}
-
-bool isFieldName(std::string_view name) {
-  if (name.empty()) return false;
-  for (const char c : name) {
-    const bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
-    if (!alnum && std::string_view("!#$%&'*+-.^_`|~").find(c) == std::string_view::npos)
-      return false;
-  }
-  return true;
-}
-
-bool isFieldValue(std::string_view value) {
-  for (const char c : value) {
-    const auto u = static_cast<unsigned char>(c);
-    if ((u < 0x20 && u != '\t') || u == 0x7f) return false;
-  }
-  return true;
 }
 
 bool sendJson(ResponseWriter& out, int status, const std::string& json) {

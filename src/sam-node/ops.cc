@@ -6,6 +6,7 @@
 #include "common/unique_fd.h"
 #include "policy/address.h"
 #include "policy/name.h"
+#include "proto/http_syntax.h"
 #include "sam-node/json_limits.h"
 #include "sam-node/node.h"
 #include "sam-node/spawn_child.h"
@@ -41,16 +42,6 @@ constexpr std::string_view kRedacted = "[redacted]";
 constexpr std::array<std::string_view, 11> kReservedHeaders = {
     "host",    "content-length",      "transfer-encoding", "connection", "upgrade", "te",
     "trailer", "proxy-authorization", "proxy-connection",  "keep-alive", "expect"};
-
-bool isToken(std::string_view s) {
-  // RFC 9110 §5.6.2 tchar.
-  if (s.empty()) return false;
-  static constexpr std::string_view kExtra = "!#$%&'*+-.^_`|~";
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) != 0 ||
-           kExtra.find(c) != std::string_view::npos;
-  });
-}
 
 bool hasLineBreakOrNul(std::string_view s) {
   return s.find_first_of(std::string_view("\r\n\0", 3)) != std::string_view::npos;
@@ -329,7 +320,7 @@ struct Operations::Impl {
 
     UpstreamRequest up;
     if (auto m = request.find("method"); m != request.end()) {
-      if (!m->is_string() || !isToken(m->get<std::string>())) {
+      if (!m->is_string() || !proto::isToken(m->get<std::string>())) {
         throw BadField("request.method: must be an HTTP method token (RFC 9110)");
       }
       up.method = m->get<std::string>();
@@ -345,7 +336,7 @@ struct Operations::Impl {
       if (!h->is_object()) throw BadField("request.headers: must be an object of strings");
       for (const auto& [key, value] : h->items()) {
         std::string field = "request.headers[\"" + key + "\"]";
-        if (!isToken(key)) throw BadField(field + ": not a valid field name");
+        if (!proto::isToken(key)) throw BadField(field + ": not a valid field name");
         if (!value.is_string()) throw BadField(field + ": must be a string");
         std::string text = value.get<std::string>();
         if (hasLineBreakOrNul(text)) throw BadField(field + ": contains CR, LF or NUL");

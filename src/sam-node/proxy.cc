@@ -1,4 +1,5 @@
 #include "sam-node/proxy.h"
+#include "proto/http_syntax.h"
 
 #include <charconv>
 #include <nlohmann/json.hpp>
@@ -12,14 +13,8 @@ namespace {
 // `text` starts with `prefix` (lower case, '-' for a dash), ignoring case and reading '_' as
 // '-': the spellings a CGI-style upstream folds together.
 bool startsWithFolded(std::string_view text, std::string_view prefix) {
-  if (text.size() < prefix.size()) return false;
-  for (size_t i = 0; i < prefix.size(); ++i) {
-    char c = text[i];
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    if (c == '_') c = '-';
-    if (c != prefix[i]) return false;
-  }
-  return true;
+  return text.size() >= prefix.size() &&
+         proto::sameFieldName(text.substr(0, prefix.size()), prefix);
 }
 
 // Rounds of percent-decoding a path segment may take before it is refused as obfuscated.

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "common/log.h"
+#include "proto/http_syntax.h"
 #include "sam-node/node.h"
 
 namespace samnode {
@@ -23,17 +24,7 @@ thread_local AccessNote* tl_note = nullptr;
 constexpr size_t kMaxLoggedPath = 512;
 
 // `name` is X-Sam-Agent ignoring case, with '_' read as '-' (proto/request_rewriter.h).
-bool isAgentField(std::string_view name) {
-  static constexpr std::string_view kName = "x-sam-agent";
-  if (name.size() != kName.size()) return false;
-  for (size_t i = 0; i < name.size(); ++i) {
-    char c = name[i];
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    if (c == '_') c = '-';
-    if (c != kName[i]) return false;
-  }
-  return true;
-}
+bool isAgentField(std::string_view name) { return proto::sameFieldName(name, "x-sam-agent"); }
 
 // Writes the access log line when dispatch() ends, by return or by exception (the server
 // then answers 500 itself, which is what the line says).

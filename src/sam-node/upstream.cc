@@ -1,4 +1,5 @@
 #include "sam-node/upstream.h"
+#include "proto/http_syntax.h"
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
@@ -31,24 +32,13 @@ std::string_view origin(std::string_view url) {
   return url.substr(0, url.find_first_of("/?#", scheme_end + 3));
 }
 
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    char x = a[i], y = b[i];
-    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
-    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
-    if (x != y) return false;
-  }
-  return true;
-}
-
 // Fields libcurl derives from the request itself (framing, the URL's authority) or that
 // belong to one connection only (RFC 9110 §7.6.1): a caller's copy would contradict it.
 bool ownedByCurl(std::string_view name) {
   for (std::string_view h :
        {"host", "content-length", "transfer-encoding", "connection", "keep-alive",
         "proxy-connection", "te", "trailer", "upgrade", "expect"})
-    if (iequals(name, h)) return true;
+    if (proto::equalsIgnoreCase(name, h)) return true;
   return false;
 }
 
@@ -222,7 +212,7 @@ struct Transfer {
       while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
       std::string& value = headers.back().second;
       if (!line.empty()) value += (value.empty() ? "" : " ") + std::string(line);
-      if (!isFieldValue(value)) {
+      if (!proto::isFieldValue(value)) {
         headers.pop_back();
         dropField("bad-field-value");
       }
@@ -235,8 +225,8 @@ struct Transfer {
     while (!value.empty() && (value.front() == ' ' || value.front() == '\t'))
       value.remove_prefix(1);
     while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
-    if (!isFieldName(name)) return dropField("bad-field-name");
-    if (!isFieldValue(value)) return dropField("bad-field-value");
+    if (!proto::isToken(name)) return dropField("bad-field-name");
+    if (!proto::isFieldValue(value)) return dropField("bad-field-value");
     headers.emplace_back(std::string(name), std::string(value));
     last_field_kept = true;
   }

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/unique_fd.h"
+#include "proto/http_syntax.h"
 #include "sam-node/http.h"
 
 namespace samnode {
@@ -303,22 +304,22 @@ TEST(HttpServerTest, FindHeaderIgnoresCase) {
 
 TEST(HttpServerTest, FieldNamesAreTokens) {
   for (const char* good : {"Content-Type", "x-sam-agent", "X_Odd", "a!#$%&'*+-.^_`|~9"})
-    EXPECT_TRUE(isFieldName(good)) << good;
+    EXPECT_TRUE(proto::isToken(good)) << good;
   for (std::string_view bad :
        {std::string_view(""), std::string_view("Bad Name"), std::string_view("a:b"),
         std::string_view("a\rb"), std::string_view("a\nb"), std::string_view("a\0b", 3),
         std::string_view(" lead"), std::string_view("a\"b"), std::string_view("a(b)"),
         std::string_view("\xc3\xa9")})
-    EXPECT_FALSE(isFieldName(bad)) << bad;
+    EXPECT_FALSE(proto::isToken(bad)) << bad;
 }
 
 TEST(HttpServerTest, FieldValuesHaveNoLineBreaksOrControls) {
   for (const char* good : {"", "text/plain; charset=utf-8", "a\tb", "\xc3\xa9", "~!@#"})
-    EXPECT_TRUE(isFieldValue(good)) << good;
+    EXPECT_TRUE(proto::isFieldValue(good)) << good;
   for (std::string_view bad :
        {std::string_view("a\rInjected: b"), std::string_view("a\nb"), std::string_view("a\0b", 3),
         std::string_view("a\x01"), std::string_view("a\x7f")})
-    EXPECT_FALSE(isFieldValue(bad)) << bad;
+    EXPECT_FALSE(proto::isFieldValue(bad)) << bad;
 }
 
 TEST(HttpServerTest, WriterRefusesFieldsThatWouldSplitTheHead) {
