@@ -110,6 +110,26 @@ bool abandonedBeforeOpen(H2Stream& s, FlowRecord& record, Metrics& metrics) {
 }
 }  // namespace
 
+template <class Socket>
+asio::awaitable<void> H2Session::relayToAgent(H2Stream& s, Socket& from, uint64_t& bytes_down) {
+  std::array<char, kReadBufferBytes> buf{};
+  for (;;) {
+    asio::error_code ec;
+    const size_t n =
+        co_await from.async_read_some(asio::buffer(buf), asio::redirect_error(use_awaitable, ec));
+    if (ec == asio::error::eof) {
+      endToAgent(s);
+      co_return;
+    }
+    if (ec) {
+      reset(s, NGHTTP2_CONNECT_ERROR);
+      co_return;
+    }
+    if (!co_await sendToAgent(s, std::string_view(buf.data(), n))) co_return;
+    bytes_down += n;
+  }
+}
+
 asio::awaitable<void> H2Session::serveStream(std::shared_ptr<H2Stream> stream) {
   auto self = shared_from_this();
   H2Stream& s = *stream;
@@ -231,25 +251,8 @@ asio::awaitable<void> H2Session::streamTcp(H2Stream& s, FlowRecord& record) {
     asio::error_code ec;
     if (s.in_eof && !s.closed) upstream.shutdown(asio::socket_base::shutdown_send, ec);
   };
-  auto down = [&]() -> asio::awaitable<void> {
-    std::array<char, kReadBufferBytes> buf{};
-    for (;;) {
-      asio::error_code ec;
-      const size_t n = co_await upstream.async_read_some(asio::buffer(buf),
-                                                         asio::redirect_error(use_awaitable, ec));
-      if (ec == asio::error::eof) {
-        endToAgent(s);
-        co_return;
-      }
-      if (ec) {
-        reset(s, NGHTTP2_CONNECT_ERROR);
-        co_return;
-      }
-      if (!co_await sendToAgent(s, std::string_view(buf.data(), n))) co_return;
-      record.bytes_down += n;
-    }
-  };
-  co_await ((up() && down()) || idleWatch(s.last_activity, kTcpIdleTimeout, kLimitTcpIdleTimeout));
+  co_await ((up() && relayToAgent(s, upstream, record.bytes_down)) ||
+            idleWatch(s.last_activity, kTcpIdleTimeout, kLimitTcpIdleTimeout));
   if (!s.out_eof) reset(s, NGHTTP2_CANCEL);
   finishFlow(record, server_.metrics_);
 }
@@ -384,25 +387,7 @@ asio::awaitable<void> H2Session::streamMesh(H2Stream& s, FlowRecord& record) {
     asio::error_code ignored;
     if (s.in_eof && !s.closed) node.shutdown(asio::socket_base::shutdown_send, ignored);
   };
-  auto toAgent = [&]() -> asio::awaitable<void> {
-    std::array<char, kReadBufferBytes> buf{};
-    for (;;) {
-      asio::error_code read_ec;
-      const size_t n = co_await node.async_read_some(asio::buffer(buf),
-                                                     asio::redirect_error(use_awaitable, read_ec));
-      if (read_ec == asio::error::eof) {
-        endToAgent(s);
-        co_return;
-      }
-      if (read_ec) {
-        reset(s, NGHTTP2_CONNECT_ERROR);
-        co_return;
-      }
-      if (!co_await sendToAgent(s, std::string_view(buf.data(), n))) co_return;
-      record.bytes_down += n;
-    }
-  };
-  co_await (toNode() && toAgent());
+  co_await (toNode() && relayToAgent(s, node, record.bytes_down));
   if (!s.out_eof) reset(s, NGHTTP2_CANCEL);
   finishFlow(record, server_.metrics_);
 }

@@ -138,6 +138,10 @@ class H2Session : public std::enable_shared_from_this<H2Session> {
   asio::awaitable<bool> sendToAgent(H2Stream& s, std::string_view data);
   /// END_STREAM after the queued bytes.
   void endToAgent(H2Stream& s);
+  /// Relays what `from` (the TCP upstream or the node's socket) sends to the agent until EOF
+  /// (END_STREAM) or an error (RST_STREAM CONNECT_ERROR), adding to `bytes_down` (bytes).
+  template <class Socket>
+  asio::awaitable<void> relayToAgent(H2Stream& s, Socket& from, uint64_t& bytes_down);
   /// RST_STREAM with an RFC 9113 §7 error code (after a 200, when the flow fails).
   void reset(H2Stream& s, uint32_t code);
   /// The response HEADERS: `status`; `reason` as boundary-reason if non-null; `tunnel` opens
