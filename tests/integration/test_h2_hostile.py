@@ -65,6 +65,21 @@ def raw_h2(box, timeout=10.0):
     return s
 
 
+def settings_done(s):
+    """Reads frames until the box's own SETTINGS and its ACK of the client's have arrived."""
+    got, theirs, acked = b"", False, False
+    while not (theirs and acked):
+        while len(got) < 9 or len(got) < 9 + int.from_bytes(got[:3], "big"):
+            chunk = s.recv(65536)
+            assert chunk, "the box closed the connection during the SETTINGS exchange"
+            got += chunk
+        length, ftype, flags = int.from_bytes(got[:3], "big"), got[3], got[4]
+        if ftype == SETTINGS:
+            acked = acked or bool(flags & 0x1)
+            theirs = theirs or not flags & 0x1
+        got = got[9 + length:]
+
+
 def drain(s):
     """Everything the box sends until it closes (or resets) the connection."""
     got = b""
@@ -314,6 +329,9 @@ def test_connection_closed_while_connecting_releases_its_flows(own_box):
     mark = own_box.mark()
     n = 16
     s = raw_h2(own_box)
+    # Wait for the box's SETTINGS and its ACK of ours: with nothing left for the box to write,
+    # its reader (not a failed write of those frames to the closed socket) sees the CONNECTs.
+    settings_done(s)
     burst = b"".join(frame(HEADERS, END_HEADERS, 1 + 2 * i, connect_block("api.example.com:80"))
                      for i in range(n))
     s.sendall(burst)
