@@ -16,6 +16,7 @@
 #include <asio/redirect_error.hpp>
 #include <asio/write.hpp>
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -174,18 +175,23 @@ asio::awaitable<void> H2Session::serveStream(std::shared_ptr<H2Stream> stream) {
   s.in.clear();
 }
 
-asio::awaitable<void> H2Session::idleWatch(const std::chrono::steady_clock::time_point& last,
-                                           std::chrono::milliseconds timeout, const char* limit) {
+asio::awaitable<void> H2Session::idleWatch(const H2Stream& s, std::chrono::milliseconds timeout,
+                                           const char* limit, bool half_close) {
   asio::steady_timer timer(agent_.get_executor());
   for (;;) {
-    timer.expires_at(last + timeout);
-    asio::error_code ec;
-    co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
-    if (ec) co_return;  // cancelled: the flow ended another way
-    if (std::chrono::steady_clock::now() >= last + timeout) {
+    const auto limit_now = (half_close && (s.in_eof || s.out_eof)) ? kHalfClosedTimeout : timeout;
+    const auto due = s.last_activity + limit_now;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= due) {
       server_.metrics_.limitHit(limit);
       co_return;
     }
+    // Wake at the due time, or sooner to notice a direction ending (which shortens it).
+    timer.expires_after(
+        std::min<std::chrono::steady_clock::duration>(due - now, kIdleCheckInterval));
+    asio::error_code ec;
+    co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
+    if (ec) co_return;  // cancelled: the flow ended another way
   }
 }
 
@@ -252,7 +258,7 @@ asio::awaitable<void> H2Session::streamTcp(H2Stream& s, FlowRecord& record) {
     if (s.in_eof && !s.closed) upstream.shutdown(asio::socket_base::shutdown_send, ec);
   };
   co_await ((up() && relayToAgent(s, upstream, record.bytes_down)) ||
-            idleWatch(s.last_activity, kTcpIdleTimeout, kLimitTcpIdleTimeout));
+            idleWatch(s, kTcpIdleTimeout, kLimitTcpIdleTimeout, true));
   if (!s.out_eof) reset(s, NGHTTP2_CANCEL);
   finishFlow(record, server_.metrics_);
 }
@@ -323,7 +329,7 @@ asio::awaitable<void> H2Session::streamUdp(H2Stream& s, FlowRecord& record) {
     }
   };
   co_await (toUpstream() || toAgent() ||
-            idleWatch(s.last_activity, kUdpIdleTimeout, kLimitUdpIdleTimeout));
+            idleWatch(s, kUdpIdleTimeout, kLimitUdpIdleTimeout, false));
   endToAgent(s);
   finishFlow(record, server_.metrics_);
 }

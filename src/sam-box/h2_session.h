@@ -156,9 +156,12 @@ class H2Session : public std::enable_shared_from_this<H2Session> {
   asio::awaitable<void> streamTcp(H2Stream& s, FlowRecord& record);
   asio::awaitable<void> streamUdp(H2Stream& s, FlowRecord& record);
   asio::awaitable<void> streamMesh(H2Stream& s, FlowRecord& record);
-  /// Returns once `last` is older than `timeout`, counting `limit`.
-  asio::awaitable<void> idleWatch(const std::chrono::steady_clock::time_point& last,
-                                  std::chrono::milliseconds timeout, const char* limit);
+  /// Returns once no byte has moved on `s` (its last_activity) for `timeout` — or, when
+  /// `half_close` and one direction has ended (the agent's END_STREAM, or the upstream's EOF),
+  /// for kHalfClosedTimeout, as the HTTP/1.1 relay does (relay.h) — counting `limit`. Checks
+  /// every kIdleCheckInterval; returns early (without counting) when cancelled.
+  asio::awaitable<void> idleWatch(const H2Stream& s, std::chrono::milliseconds timeout,
+                                  const char* limit, bool half_close);
 
   Server& server_;
   asio::local::stream_protocol::socket agent_;
