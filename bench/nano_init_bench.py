@@ -23,7 +23,6 @@ named after its PID, which the next run removes.
 """
 
 import argparse
-import ctypes
 import datetime
 import hashlib
 import json
@@ -40,14 +39,15 @@ import sys
 import tempfile
 import time
 
+from benchlib import (GIB, MIB, cpu_model, descendants, die_with_parent, fmt, git_describe,
+                      loadavg, log, median, percentile, raise_interrupt, size)
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench"
 LOAD_SRC = BENCH / "nano-init"
 RESULTS = BENCH / "results"
 NAME = "upstream.nano-bench.test"  # the upstream's name, the one sam-box allows
 UP_ADDR, HOST_ADDR, PREFIX = "198.18.0.2", "198.18.0.1", 24
-GIB = 1 << 30
-MIB = 1 << 20
 
 # Targets from issue 3 ("Benchmark").
 TARGET_CONNECT_RATIO = 2.0  # nano-init connect ≤ 2 × direct
@@ -57,27 +57,8 @@ TARGET_RSS_FLOWS = 1000
 HARD_CAP_SECONDS = 900  # the whole run is stopped (and cleaned up) after this
 START_TIMEOUT = 20.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-PR_SET_PDEATHSIG = 1
 PREFIX_NS = "nbench-"
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _die_with_parent():
-    """preexec_fn: the child is SIGKILLed when the process that started it dies."""
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def log(msg):
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def size(n):
-    return f"{n / GIB:g} GiB" if n >= GIB else f"{n / MIB:g} MiB"
 
 
 # ---------------------------------------------------------------------------------------
@@ -297,7 +278,7 @@ class Procs:
     def start(self, name, cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
               stderr=subprocess.DEVNULL):
         proc = subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+                                start_new_session=True, preexec_fn=die_with_parent)
         self.live.append((name, proc))
         return proc
 
@@ -402,23 +383,11 @@ class Agent:
             out.append(d)
 
 
-def _descendants(pid):
-    out = [pid]
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                for child in f.read().split():
-                    out += _descendants(int(child))
-    except OSError:
-        pass
-    return out
-
-
 def child_pid(pid, timeout=START_TIMEOUT):
     """The first child of `pid` (unshare --fork's child: nano-init)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        kids = _descendants(pid)[1:]
+        kids = descendants(pid)[1:]
         if kids:
             return kids[0]
         time.sleep(0.02)
@@ -450,11 +419,6 @@ def cpu_seconds(pids):
         except (OSError, IndexError, ValueError):
             pass
     return total / CLK_TCK
-
-
-def loadavg():
-    with open("/proc/loadavg") as f:
-        return [float(x) for x in f.read().split()[:3]]
 
 
 def wait_for(pred, what, timeout=START_TIMEOUT, proc=None):
@@ -600,22 +564,6 @@ class Bench:
 
 # ---------------------------------------------------------------------------------------
 # Measurements
-
-
-def percentile(sorted_values, q):
-    """Nearest-rank percentile (q in 0..100) of an already sorted list."""
-    if not sorted_values:
-        return None
-    k = max(0, min(len(sorted_values) - 1, int(-(-q * len(sorted_values) // 100)) - 1))
-    return sorted_values[k]
-
-
-def median(values):
-    v = sorted(values)
-    n = len(v)
-    if n == 0:
-        return None
-    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
 def target(bench):
@@ -776,29 +724,6 @@ def nano_counters(logpath):
 # Report
 
 
-def git_describe():
-    try:
-        rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--",
-                                "src/netstack", "src/nano-init", "src/vdns", "src/sam-box"],
-                               capture_output=True, text=True, timeout=10).stdout
-        return rev + ("+dirty-src" if dirty.strip() else "")
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def targets(lat, thr, mem, nano_paths, flows):
     rows = []
 
@@ -842,13 +767,6 @@ def targets(lat, thr, mem, nano_paths, flows):
             (f"{mib:.1f} MiB with {flows}" + note) if mib else "n/a",
             None if mib is None or flows < TARGET_RSS_FLOWS else mib <= TARGET_RSS_MIB)
     return rows
-
-
-def fmt(v, spec):
-    if v is not None:
-        return format(v, spec)
-    width = "".join(c for c in spec.split(".")[0] if c.isdigit())
-    return format("-", ">" + width) if width else "-"
 
 
 def print_report(res):
@@ -939,7 +857,7 @@ def run(args, procs, nss, wd, logs):
     bench = Bench(args, procs, nss, wd, logs)
     host, up, vh = nss.wire()
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "git": git_describe(), "cpus": os.cpu_count(), "cpu_model": cpu_model(),
+            "git": git_describe(REPO, ("src/netstack", "src/nano-init", "src/vdns", "src/sam-box")), "cpus": os.cpu_count(), "cpu_model": cpu_model(),
             "kernel": platform.release(), "loadavg_start": loadavg(), "setups": args.setups,
             "bytes": args.bytes, "trials": args.trials, "flows": args.flows,
             "netns": {"host": host, "up": up}, "veth_mtu": link_mtu(host, vh),
@@ -1066,7 +984,7 @@ def main(argv):
     args.load = find_load_tool(args.load)
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM):
-        signal.signal(signum, _raise_interrupt)
+        signal.signal(signum, raise_interrupt)
     signal.alarm(HARD_CAP_SECONDS)
     resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
     sweep_stale()

@@ -23,7 +23,6 @@ on SIGKILL; Ctrl-C and SIGTERM clean up in order.
 """
 
 import argparse
-import ctypes
 import datetime
 import hashlib
 import json
@@ -41,14 +40,15 @@ import sys
 import tempfile
 import time
 
+from benchlib import (GIB, MIB, cpu_model, descendants, die_with_parent, fmt, git_describe,
+                      loadavg, log, median, percentile, raise_interrupt, size)
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench"
 RESULTS = BENCH / "results"
 NAME = "bench.test"  # the allowed name
 UNCACHED = "sam-box/0"  # sam-box with --resolve-cache-ttl 0 (set-up latency only)
 OTHER_NAME = "denied.test"  # resolves to the same address; only policy refuses it
-GIB = 1 << 30
-MIB = 1 << 20
 
 # Targets from issue 2 ("Benchmark").
 TARGET_SETUP_RATIO = 1.5  # sam-box median set-up ≤ 1.5 × direct
@@ -58,30 +58,19 @@ TARGET_RSS_IDLE_MIB = 4.0  # sam-box VmRSS idle
 HARD_CAP_SECONDS = 420  # the outer process kills the inner one after this, whatever happens
 START_TIMEOUT = 20.0  # each server must accept within this
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-PR_SET_PDEATHSIG = 1
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _die_with_parent():
-    """preexec_fn: the child is SIGKILLed when the process that started it dies."""
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _as_user_dying_with_parent(uid, gid):
-    """preexec_fn: become uid/gid, then _die_with_parent. In this order because a change of
+    """preexec_fn: become uid/gid, then die_with_parent. In this order because a change of
     credentials clears PR_SET_PDEATHSIG: squid started as root switches to its own user by
     itself, and would then outlive a killed run."""
     def setup():
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)
-        _die_with_parent()
+        die_with_parent()
     return setup
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def raise_nofile():
@@ -89,14 +78,6 @@ def raise_nofile():
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)
-
-
-def size(n):
-    return f"{n / GIB:g} GiB" if n >= GIB else f"{n / MIB:g} MiB"
-
-
-def log(msg):
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -223,7 +204,7 @@ def outer(args):
 
     # Explicitly: a shell's background job starts with SIGINT ignored, and Python keeps that.
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _raise_interrupt)
+        signal.signal(signum, raise_interrupt)
     sweep_stale()
     netns = f"sambench-{os.getpid()}"
     workdir = tempfile.mkdtemp(prefix=f"sam-box-bench-{os.getpid()}-")
@@ -251,7 +232,7 @@ def outer(args):
                "--sam-box", str(pathlib.Path(workdir) / "sam-box"),
                "--load", str(pathlib.Path(workdir) / "sam-box-bench-load"),
                "--binary-id", f"{sam_box} sha256:{digest} built {built:%Y-%m-%dT%H:%M:%SZ}"]
-        inner = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent)
+        inner = subprocess.Popen(cmd, start_new_session=True, preexec_fn=die_with_parent)
         try:
             rc = inner.wait(timeout=HARD_CAP_SECONDS)
         except subprocess.TimeoutExpired:
@@ -286,7 +267,7 @@ class Procs:
         self.live = []
 
     def start(self, name, cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-              preexec_fn=_die_with_parent):
+              preexec_fn=die_with_parent):
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                                 start_new_session=True, preexec_fn=preexec_fn)
         self.live.append((name, proc))
@@ -346,22 +327,10 @@ def read_json_line(proc, timeout):
 # --- /proc readings -------------------------------------------------------------------
 
 
-def _descendants(pid):
-    out = [pid]
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                for child in f.read().split():
-                    out += _descendants(int(child))
-    except OSError:
-        pass
-    return out
-
-
 def memory(pid):
     """VmRSS and its parts (KiB), summed over the process and its descendants."""
     total = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0, "RssShmem": 0}
-    procs = _descendants(pid)
+    procs = descendants(pid)
     for p in procs:
         try:
             with open(f"/proc/{p}/status") as f:
@@ -388,7 +357,7 @@ def memory(pid):
 def cpu_seconds(pid):
     """utime + stime of the process (all threads) and its descendants."""
     total = 0
-    for p in _descendants(pid):
+    for p in descendants(pid):
         try:
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
@@ -396,11 +365,6 @@ def cpu_seconds(pid):
         except (OSError, IndexError, ValueError):
             pass
     return total / CLK_TCK
-
-
-def loadavg():
-    with open("/proc/loadavg") as f:
-        return [float(x) for x in f.read().split()[:3]]
 
 
 # --- the systems under test ----------------------------------------------------------
@@ -550,7 +514,7 @@ class Runner:
     def load(self, role, via, *extra, timeout=120):
         cmd = [self.args.load, role, *via, *[str(x) for x in extra]]
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
+                                stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
         try:
             out, err = proc.communicate(timeout=timeout)
         finally:
@@ -568,22 +532,6 @@ def account(path, flows, up, down):
     path["flows"] = path.get("flows", 0) + flows
     path["bytes_up"] = path.get("bytes_up", 0) + up
     path["bytes_down"] = path.get("bytes_down", 0) + down
-
-
-def percentile(sorted_values, q):
-    """Nearest-rank percentile (q in 0..100) of an already sorted list."""
-    if not sorted_values:
-        return None
-    k = max(0, min(len(sorted_values) - 1, int(-(-q * len(sorted_values) // 100)) - 1))
-    return sorted_values[k]
-
-
-def median(values):
-    v = sorted(values)
-    n = len(v)
-    if n == 0:
-        return None
-    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
 def measure_latency(run, paths, setups, blocks=8, warmup=10):
@@ -686,7 +634,7 @@ def hold(run, path, count):
     proc = subprocess.Popen([run.args.load, "hold", *path["via"], "--count", str(count)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=_die_with_parent)
+                            preexec_fn=die_with_parent)
     try:
         opened = read_json_line(proc, timeout=120)
         time.sleep(0.2)  # let the proxy finish its side of the last set-up
@@ -727,28 +675,6 @@ def scrape_metrics(port):
 
 
 # --- report --------------------------------------------------------------------------
-
-
-def git_describe():
-    try:
-        rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--",
-                                "src"], capture_output=True, text=True, timeout=10).stdout
-        return rev + ("+dirty-src" if dirty.strip() else "")
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def targets(lat, thr, rss):
@@ -794,14 +720,6 @@ def targets(lat, thr, rss):
     row(f"sam-box RSS idle ≤ {TARGET_RSS_IDLE_MIB:g} MiB", f"{mib:.1f} MiB" if mib else "n/a",
         None if mib is None else mib <= TARGET_RSS_IDLE_MIB)
     return rows
-
-
-def fmt(v, spec):
-    """format(v, spec), or a "-" padded to the same width when there is no value."""
-    if v is not None:
-        return format(v, spec)
-    width = "".join(c for c in spec.split(".")[0] if c.isdigit())
-    return format("-", ">" + width) if width else "-"
 
 
 def print_report(res):
@@ -884,7 +802,7 @@ def run_bench(args, procs):
     wd = pathlib.Path(args.workdir)
     nofile = raise_nofile()
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "git": git_describe(), "cpus": os.cpu_count(), "cpu_model": cpu_model(),
+            "git": git_describe(REPO, ("src",)), "cpus": os.cpu_count(), "cpu_model": cpu_model(),
             "kernel": platform.release(), "netns": args.netns, "loadavg_start": loadavg(),
             "setups": args.setups, "bytes": args.bytes, "trials": args.trials,
             "flows": args.flows, "nofile": list(nofile), "python": platform.python_version(),
@@ -1007,7 +925,7 @@ def run_bench(args, procs):
 
 def inner(args):
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _raise_interrupt)
+        signal.signal(signum, raise_interrupt)
     procs = Procs()
     try:
         return run_bench(args, procs)

@@ -29,7 +29,6 @@ when it could not measure at all). Results also go to bench/results/ as JSON (gi
 """
 
 import argparse
-import ctypes
 import datetime
 import http.client
 import json
@@ -44,6 +43,8 @@ import sys
 import tempfile
 import time
 
+from benchlib import die_with_parent
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench/results"
 MODEL_SERVER = REPO / "tests/integration/model_server.py"
@@ -51,14 +52,6 @@ AGENT = "bench-agent.bench.example"
 MODEL_KEY = "bench-upstream-key"
 TARGET_LATENCY_RATIO = 1.3  # sandbox median latency ≤ 1.3 × direct (issue 6)
 START_TIMEOUT = 20.0
-PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _die_with_parent():
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def log(msg):
     print(f"[sam-node-bench] {msg}", file=sys.stderr, flush=True)
 
@@ -171,7 +164,7 @@ class Procs:
     def start(self, cmd, **kw):
         kw.setdefault("stdout", subprocess.DEVNULL)
         kw.setdefault("stderr", subprocess.DEVNULL)
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
                                 **kw)
         self.live.append(proc)
         return proc
@@ -257,7 +250,7 @@ def run_client(args, base, sandbox_boundary=None):
         cmd = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "--kill-child",
                args.nano_init, "run", sandbox_boundary, *cmd]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                       stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
     lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
     if r.returncode != 0 or not lines:
         raise RuntimeError(f"client on {base} failed ({r.returncode}): {r.stderr[-2000:]}")
