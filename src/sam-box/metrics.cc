@@ -1,5 +1,9 @@
 #include "sam-box/metrics.h"
 
+#include "sam-box/classify.h"
+#include "sam-box/flow.h"
+#include "sam-box/limits.h"
+
 #include <initializer_list>
 #include <utility>
 
@@ -33,6 +37,20 @@ Metrics::Metrics() {
       flows_[labels({{"outcome", outcome}, {"route", route}})] = 0;
     }
     in_progress_[labels({{"route", route}})] = 0;
+  }
+  // Every reason and limit too: a counter born at its first increment loses that increment to
+  // rate() and increase(), so a one-off refusal would never show on a dashboard.
+  for (const char* reason :
+       {kReasonNotAllowlisted, kReasonUnresolved, kReasonInvalidName, kReasonNoIdentity,
+        kReasonMeshUdp, kReasonMeshPort, kReasonMalformed, kReasonForbiddenAddress,
+        kReasonResolveFailed, kReasonConnectFailed, kReasonConnectTimeout, kReasonNodeUnavailable,
+        kReasonHeaderTooLarge, kReasonHeaderTimeout, kReasonMethodNotAllowed, kReasonTooManyFlows,
+        kReasonStreamReset}) {
+    refusals_[labels({{"reason", reason}})] = 0;
+  }
+  for (const char* limit : {kLimitMaxHeaderBytes, kLimitMaxConcurrentFlows, kLimitConnectTimeout,
+                            kLimitHeadReadTimeout, kLimitUdpIdleTimeout, kLimitTcpIdleTimeout}) {
+    limits_[labels({{"limit", limit}})] = 0;
   }
 }
 

@@ -24,6 +24,21 @@ TEST(MetricsTest, SeedSeriesAreExposedAndCount) {
   EXPECT_NE(text.find("# TYPE sam_box_flows_total counter\n"), std::string::npos);
 }
 
+TEST(MetricsTest, RefusalAndLimitSeriesExistAtZeroBeforeTraffic) {
+  // rate()/increase() need a sample before the first increment, or they miss it.
+  Metrics m;
+  const std::string before = m.render();
+  EXPECT_NE(before.find("sam_box_refusals_total{reason=\"not-allowlisted\"} 0\n"),
+            std::string::npos);
+  EXPECT_NE(before.find("sam_box_refusals_total{reason=\"forbidden-address\"} 0\n"),
+            std::string::npos);
+  EXPECT_NE(before.find("sam_box_limit_hits_total{limit=\"max-concurrent-flows\"} 0\n"),
+            std::string::npos);
+  m.refusal("not-allowlisted");
+  EXPECT_NE(m.render().find("sam_box_refusals_total{reason=\"not-allowlisted\"} 1\n"),
+            std::string::npos);
+}
+
 TEST(MetricsTest, InProgressGaugeGoesUpAndDown) {
   Metrics m;
   m.inProgress("external", +1);
