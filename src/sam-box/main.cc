@@ -142,7 +142,8 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);  // a peer that goes away is an ordinary end of a flow
   CLI::App app{
       "sam-box: the per-agent egress boundary. Serves named CONNECT and connect-udp "
-      "tunnels on a Unix socket and decides each by name."};
+      "tunnels on a Unix socket and decides each by name.",
+      "sam-box"};
   app.set_version_flag("--version", std::string("sam-box ") + COMPASS_VERSION);
   app.require_subcommand(1);
   sambox::Flags flags;
@@ -150,12 +151,14 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--socket", flags.socket, "Unix socket the sandbox's tunnels arrive on")
       ->required();
   run_cmd->add_option("--sidecar-socket", flags.sidecar_socket,
-                      "sam-node's API socket; mesh.sam.alt requests are forwarded there");
-  run_cmd->add_option("--bundle", flags.bundle, "Agent bundle (YAML, version v1)");
+                      "sam-node's API socket; mesh.sam.alt requests are forwarded there "
+                      "(default: none: mesh.sam.alt is refused)");
+  run_cmd->add_option("--bundle", flags.bundle,
+                      "Agent bundle (YAML, version v1) (default: none: no agent identity)");
   run_cmd->add_option("--credential-issuer", flags.credential_issuer,
-                      "OIDC issuer (https URL) of the platform credential");
+                      "OIDC issuer (https URL) of the platform credential (default: none)");
   run_cmd->add_option("--credential-audience", flags.credential_audience,
-                      "Audience the credential must name");
+                      "Audience the credential must name (default: none)");
   run_cmd->add_option("--credential-path", flags.credential_path, "Platform token file")
       ->capture_default_str();
   run_cmd->add_option("--credential-ca", flags.credential_ca,
@@ -165,16 +168,18 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--metrics-addr", flags.metrics_addr,
                       "Prometheus listener host:port (default: none)");
   run_cmd->add_option("--egress-allow", flags.egress_allow,
-                      "Allowed name, *.name, name:port (repeatable; adds to the bundle's list)");
+                      "Allowed name, *.name, name:port (repeatable; adds to the bundle's list) "
+                      "(default: none)");
   run_cmd
       ->add_option("--ingress-listen", flags.ingress_listen,
                    "host:port for requests to the bundle's `serves` service")
       ->capture_default_str();
   run_cmd->add_option("--agent-ingress-socket", flags.agent_ingress_socket,
-                      "Socket nano-init --ingress-socket serves (required with `serves`)");
+                      "Socket nano-init --ingress-socket serves (required with `serves`) "
+                      "(default: none)");
   run_cmd->add_option("--allow-destination", flags.allow_destination,
                       "CIDR an allowed name may resolve into despite being loopback, link-local, "
-                      "multicast or unspecified (repeatable)");
+                      "multicast or unspecified (repeatable) (default: none)");
   run_cmd
       ->add_option("--resolve-cache-ttl", flags.resolve_cache_ttl,
                    "Seconds a name's answer is reused by later flows (0: look up every flow)")

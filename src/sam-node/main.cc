@@ -147,8 +147,9 @@ int main(int argc, char** argv) {
   cmd->add_option("--data-dir", opts.data_dir, "where file secrets named without a path live")
       ->capture_default_str();
   cmd->add_option("--metrics-addr", opts.metrics_addr,
-                  "loopback HOST:PORT for Prometheus /metrics (off if empty)");
-  cmd->add_option("--bind-addr", opts.bind_addr, "mesh listener: only \"\" (not built)");
+                  "loopback HOST:PORT for Prometheus /metrics (default: off)");
+  cmd->add_option("--bind-addr", opts.bind_addr,
+                  "mesh listener: only \"\" (not built) (default: \"\")");
   cmd->add_option("--log-level", opts.log_level, "debug, info, warn or error")
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
       ->capture_default_str();
