@@ -1,10 +1,13 @@
 // sam-node: models, tools and agents served by name (docs/sam-node.md).
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -24,6 +27,7 @@ struct Options {
   std::string data_dir = "/var/lib/sam";
   std::string metrics_addr;
   std::string bind_addr;
+  std::string jwt_path;
   std::string log_level = "info";
 };
 
@@ -74,6 +78,16 @@ int run(const Options& opts) {
   if (!opts.bind_addr.empty())
     return fail(kExitUsage,
                 "--bind-addr: only \"\" is accepted: this node does not join a mesh (not built)");
+  if (!opts.jwt_path.empty()) {
+    // The seed's pod hands the node its platform token for the mesh. A path that cannot be
+    // read is a deployment error, said now; a readable one is not used (no mesh), and that
+    // is said too rather than ignored.
+    if (::access(opts.jwt_path.c_str(), R_OK) != 0)
+      return fail(kExitUsage,
+                  "--jwt-path: cannot read " + opts.jwt_path + ": " + std::strerror(errno));
+    common::log::info("--jwt-path is not used: this node joins no mesh (--bind-addr \"\")",
+                      {{"jwt_path", opts.jwt_path}});
+  }
   const char* provider_env = std::getenv("COMPASS_SECRET_PROVIDER");
   const std::string provider = provider_env && *provider_env ? provider_env : "file";
   std::unique_ptr<samnode::Node> node;
@@ -143,13 +157,18 @@ int main(int argc, char** argv) {
   CLI::App* cmd = app.add_subcommand("run", "serve the node API on a Unix socket");
   cmd->add_option("--socket-path", opts.socket_path, "the API socket (created mode 0600)")
       ->required();
-  cmd->add_option("--config", opts.config, "the YAML configuration")->required();
+  cmd->add_option("--config", opts.config,
+                  "the YAML configuration (default: DATA_DIR/sam-node.yaml)");
   cmd->add_option("--data-dir", opts.data_dir, "where file secrets named without a path live")
       ->capture_default_str();
   cmd->add_option("--metrics-addr", opts.metrics_addr,
                   "loopback HOST:PORT for Prometheus /metrics (default: off)");
   cmd->add_option("--bind-addr", opts.bind_addr,
-                  "mesh listener: only \"\" (not built) (default: \"\")");
+                  "mesh listener: only \"\" (not built) (default: \"\")")
+      ->expected(0, 1);  // the seed writes `--bind-addr=`: an empty value
+  cmd->add_option("--jwt-path", opts.jwt_path,
+                  "the node's platform token file (seed 003's pod); checked readable, not used "
+                  "without a mesh (default: none)");
   cmd->add_option("--log-level", opts.log_level, "debug, info, warn or error")
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
       ->capture_default_str();
@@ -159,6 +178,7 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : kExitUsage;
   }
+  if (opts.config.empty()) opts.config = opts.data_dir + "/sam-node.yaml";
   common::log::init("sam-node", common::log::parseLevel(opts.log_level));
   return run(opts);
 }

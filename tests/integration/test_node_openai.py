@@ -201,6 +201,42 @@ def test_bad_config_exits_2_naming_the_field(sam_node):  # noqa: F811
     assert "services[0].target_url" in n.stderr_text()
 
 
+def test_the_seeds_pod_command_line_runs(sam_node, model_server):  # noqa: F811
+    """Seed 003's pod runs `sam-node run --jwt-path=… --bind-addr= --socket-path=…`: no
+    --config (it defaults to DATA_DIR/sam-node.yaml), an empty --bind-addr in the `=` form, and
+    a token file the node says it does not use (no mesh)."""
+    n = sam_node(node_config(model_server), start=False, env={"SAM_TEST_MODEL_KEY": KEY})
+    (n.dir / "sam-node.yaml").write_text(n.config_path.read_text())
+    token = n.dir / "sam-token"
+    token.write_text("header.payload.signature\n")
+    n.args = ["run", f"--jwt-path={token}", "--bind-addr=", f"--socket-path={n.socket_path}",
+              f"--data-dir={n.dir}"]
+    n.start()
+    status, _, body = n.request("GET", "/v1/models", agent=AGENT_ID)
+    assert status == 200, body
+    assert any("--jwt-path is not used" in line.get("msg", "") for line in n.logs())
+
+
+@pytest.mark.parametrize("flags,said", [
+    (["--bind-addr=0.0.0.0:7070"], "--bind-addr: only"),
+    (["--jwt-path=/nonexistent/sam-token"], "--jwt-path: cannot read /nonexistent/sam-token"),
+])
+def test_mesh_flags_it_cannot_honour_exit_2(sam_node, flags, said):  # noqa: F811
+    n = sam_node({"version": "v1", "services": [], "roles": []}, start=False)
+    n.args += flags
+    n.spawn()
+    assert n.wait_exit() == 2
+    assert said in n.stderr_text()
+
+
+def test_missing_default_config_is_named(sam_node):  # noqa: F811
+    n = sam_node({"version": "v1", "services": [], "roles": []}, start=False)
+    n.args = ["run", f"--socket-path={n.socket_path}", f"--data-dir={n.dir}"]
+    n.spawn()
+    assert n.wait_exit() == 2
+    assert f"cannot read {n.dir}/sam-node.yaml" in n.stderr_text()
+
+
 def test_unreadable_secret_is_a_startup_warning_and_a_502_when_used(sam_node):  # noqa: F811
     """A secret reference with good syntax but no value yet (values are read when used) starts
     the node, says so at once naming the field, and fails only the requests that need it."""
