@@ -1,5 +1,6 @@
 #include "nano-init/caps.h"
 
+#include <grp.h>
 #include <linux/capability.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -60,6 +61,19 @@ void dropAll() {
   __user_cap_data_struct none[2]{};
   if (capset(&hdr, none) != 0) throwErrno("capset(0)");
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) throwErrno("prctl(PR_SET_NO_NEW_PRIVS)");
+}
+
+void becomeUser(unsigned uid, unsigned gid) {
+  // Bounding set while CAP_SETPCAP is still held; setuid() below clears the rest.
+  for (int cap = 0; cap <= lastCap(); ++cap) {
+    if (::prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1 &&
+        ::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0) {
+      throwErrno("prctl(PR_CAPBSET_DROP, " + std::to_string(cap) + ")");
+    }
+  }
+  if (::setgroups(0, nullptr) != 0) throwErrno("setgroups(0)");
+  if (::setresgid(gid, gid, gid) != 0) throwErrno("setresgid(" + std::to_string(gid) + ")");
+  if (::setresuid(uid, uid, uid) != 0) throwErrno("setresuid(" + std::to_string(uid) + ")");
 }
 
 }  // namespace nanoinit::caps

@@ -10,6 +10,12 @@ namespace nanoinit::caps {
 /// instead of running with a capability).
 void dropAll();
 
+/// In the forked child, before dropAll(): becomes `uid`:`gid` with no supplementary groups
+/// (setgroups(2), setgid(2), setuid(2)), clearing the bounding set first while CAP_SETPCAP is
+/// still held (`nano-init run --user`, used where nano-init is root, e.g. PID 1 of a microVM
+/// guest). Throws StepError on any failure.
+void becomeUser(unsigned uid, unsigned gid);
+
 /// The calling process's effective capability mask (for tests and logs).
 unsigned long long effective();
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "nano-init/caps.h"
+#include "nano-init/check.h"
 #include "nano-init/copy_self.h"
 #include "nano-init/errors.h"
 #include "nano-init/namespaces.h"
@@ -89,7 +90,10 @@ int run(const RunOptions& opts) {
   net.ingress_socket = opts.ingress_socket;
   netstack::Stack stack(io, std::move(net));
   step("network stack", [&] { stack.start(); });
-  supervisor.spawn(opts.command, [] { caps::dropAll(); });
+  supervisor.spawn(opts.command, [&opts] {
+    if (opts.user) caps::becomeUser(opts.user->first, opts.user->second);
+    caps::dropAll();
+  });
   int exit_code = 0;
   supervisor.start([&](int code) {
     exit_code = code;
@@ -112,6 +116,7 @@ int main(int argc, char** argv) {
     return exit->exit_code;
   }
   try {
+    if (std::holds_alternative<CheckOptions>(parsed)) return check::run();
     if (const auto* copy = std::get_if<CopyOptions>(&parsed)) {
       copySelf(copy->dest);
       return 0;

@@ -98,7 +98,11 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
   run_cmd->add_flag("--create-namespaces", run.create_namespaces,
                     "Create a user namespace, then a network namespace holding only lo and tun0");
   run_cmd->add_option("--ingress-socket", run.ingress_socket,
-                      "Serve this Unix socket; each connection goes to 127.0.0.1:<port> inside");
+                      "Serve this Unix socket; each connection goes to 127.0.0.1:<port> inside "
+                      "(default: none)");
+  std::string user;
+  auto* user_opt = run_cmd->add_option(
+      "--user", user, "Run CMD as UID:GID (decimal) with no supplementary group (default: ours)");
   run_cmd
       ->add_option("boundary", run.boundary,
                    "sam-box: a Unix socket path, vsock://CID:PORT, h2+unix://PATH or h2+dev://PATH")
@@ -111,6 +115,9 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
   auto* copy_cmd = app.add_subcommand("copy", "Copy this binary to DEST (mode 0755)");
   copy_cmd->add_option("dest", copy.dest, "Destination path")->required();
 
+  auto* check_cmd = app.add_subcommand(
+      "check", "Say whether this process is inside a nano-init sandbox (exit 0) or not (exit 1)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -120,9 +127,20 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
     return Exit{code, code == 0 ? out.str() : err.str() + out.str()};
   }
   if (*copy_cmd) return copy;
+  if (*check_cmd) return CheckOptions{};
   // prefix_command() leaves CMD [ARGS…] in remaining(), untouched.
   run.command = run_cmd->remaining();
   if (run.command.empty()) return Exit{2, "run: CMD is required\n"};
+  if (user_opt->count() > 0) {
+    const size_t colon = user.find(':');
+    uint32_t uid = 0, gid = 0;
+    if (colon == std::string::npos || !parseU32(std::string_view(user).substr(0, colon), &uid) ||
+        !parseU32(std::string_view(user).substr(colon + 1), &gid) || uid == 0xFFFFFFFF ||
+        gid == 0xFFFFFFFF) {
+      return Exit{2, "run: invalid --user '" + user + "': expected UID:GID, decimal numbers\n"};
+    }
+    run.user = std::make_pair(uid, gid);
+  }
   std::string reason;
   if (!parseBoundary(run.boundary, &reason)) {
     return Exit{2, "run: invalid BOUNDARY '" + run.boundary + "': " + reason + "\n"};

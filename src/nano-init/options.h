@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -35,12 +36,18 @@ struct RunOptions {
   bool create_namespaces = false;
   std::string ingress_socket;
   std::string boundary;  ///< as given; the netstack parses it again
+  /// --user UID:GID: the agent runs as these ids (decimal, < 4294967295) with no supplementary
+  /// group; nullopt = nano-init's own ids.
+  std::optional<std::pair<uint32_t, uint32_t>> user;
   std::vector<std::string> command;
 };
 
 struct CopyOptions {
   std::string dest;
 };
+
+/// `nano-init check` (check.h): no options.
+struct CheckOptions {};
 
 /// What main() should do after parsing: run, copy, or exit at once (help/version/errors)
 /// with `exit_code`, having printed `message` (to stdout if exit_code is 0, else stderr).
@@ -49,7 +56,7 @@ struct Exit {
   std::string message;
 };
 
-using Parsed = std::variant<RunOptions, CopyOptions, Exit>;
+using Parsed = std::variant<RunOptions, CopyOptions, CheckOptions, Exit>;
 
 Parsed parseCommandLine(int argc, const char* const* argv);
 
