@@ -70,6 +70,7 @@ struct AgentSpec {
   std::string workdir;               ///< --workdir DIR; empty = tier default
   std::vector<std::string> command;  ///< CMD ARGS… after `--`; never empty
   std::string sidecar_socket;        ///< sam-node's API socket for mesh.sam.alt; empty = none
+  std::string accel;  ///< --accel kvm|tcg (microvm tier only); empty = kvm, never tcg silently
 };
 
 /// What a started agent looks like to the roster (written to its state dir's agent.json).

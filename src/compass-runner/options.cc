@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -235,7 +236,7 @@ Command parseCommandLine(int argc, const char* const* argv) {
       "Tier: podman, microvm or host (default: $COMPASS_RUNTIME_BACKEND, else podman; the "
       "flag wins)");
   run_cmd->add_option("--bundle", run.spec.bundle_path,
-                      "Agent bundle (YAML v1): agent.id and egress.allow are used");
+                      "Agent bundle (YAML v1): agent.id and egress.allow are used (default: none)");
   auto* allow_opt =
       run_cmd
           ->add_option("--egress-allow", allow,
@@ -251,7 +252,7 @@ Command parseCommandLine(int argc, const char* const* argv) {
       std::string("Image to run (podman, microvm) (default: ") + image::kDefaultImage + ")");
   auto* rootfs_opt = run_cmd->add_option("--rootfs", run.spec.rootfs,
                                          "Directory to use as the root file system instead of "
-                                         "an image (podman)");
+                                         "an image (podman) (default: none)");
   image_opt->excludes(rootfs_opt);
   rootfs_opt->excludes(image_opt);
   run_cmd->add_option("--memory", memory,
@@ -263,6 +264,10 @@ Command parseCommandLine(int argc, const char* const* argv) {
                       "directory; podman: the image's)");
   run_cmd->add_option("--sidecar-socket", run.spec.sidecar_socket,
                       "sam-node's API socket, for mesh.sam.alt (default: none)");
+  auto* accel_opt = run_cmd->add_option(
+      "--accel", run.spec.accel,
+      "microvm only: kvm, or tcg (software emulation: slow, for tests; never chosen "
+      "automatically) (default: kvm)");
   run_cmd->add_option("command", run.spec.command, "CMD [ARGS…], after `--`");
   run_cmd->footer("Put CMD after `--`: compass-runner run --backend host -- sh -c 'echo hi'");
 
@@ -281,9 +286,10 @@ Command parseCommandLine(int argc, const char* const* argv) {
   auto* resize_cmd = app.add_subcommand(
       "resize", "Change a live agent's limits (podman, microvm; the host tier has no cgroup)");
   resize_cmd->add_option("id", resize.id, "Agent id, as `agents` lists it")->required();
-  resize_cmd->add_option("--memory", r_memory, "Memory limit in bytes, or with k/m/g suffix");
-  resize_cmd->add_option("--cpus", r_cpus, "CPU limit, may be fractional");
-  resize_cmd->add_option("--pids", r_pids, "Task limit");
+  resize_cmd->add_option("--memory", r_memory,
+                         "Memory limit in bytes, or with k/m/g suffix (default: unchanged)");
+  resize_cmd->add_option("--cpus", r_cpus, "CPU limit, may be fractional (default: unchanged)");
+  resize_cmd->add_option("--pids", r_pids, "Task limit (default: unchanged)");
 
   auto* gc_cmd = app.add_subcommand(
       "gc", "Remove what dead runners left: sandboxes, netns, veths, state dirs");
@@ -362,6 +368,17 @@ Command parseCommandLine(int argc, const char* const* argv) {
       if (backend_opt->count() > 0) run.backend = backend;
       finishRun(run, allow, allow_opt->count() > 0, egress_opt->count() > 0, egress, memory, cpus,
                 pids);
+      if (accel_opt->count() > 0) {
+        if (run.spec.accel != "kvm" && run.spec.accel != "tcg") {
+          throw RunnerError("--accel \"" + run.spec.accel + "\": expected kvm or tcg");
+        }
+        const char* env = std::getenv("COMPASS_RUNTIME_BACKEND");
+        const std::string tier = run.backend ? *run.backend : (env != nullptr ? env : "");
+        if (tier != "microvm") {
+          throw RunnerError("--accel: only the microvm tier has an accelerator (the tier here is " +
+                            (tier.empty() ? std::string("podman, the default") : tier) + ")");
+        }
+      }
       return run;
     }
     if (*agents_cmd) return agents;

@@ -3,7 +3,7 @@
 //   compass-runner run [--backend NAME] [--bundle FILE] [--egress-allow HOST …]
 //                      [--egress boundary|firewall] [--image IMG | --rootfs DIR]
 //                      [--memory BYTES] [--cpus N] [--pids N] [--workdir DIR]
-//                      [--sidecar-socket PATH] -- CMD [ARGS…]
+//                      [--sidecar-socket PATH] [--accel kvm|tcg] -- CMD [ARGS…]
 //   compass-runner agents [--json]
 //   compass-runner stop ID
 //   compass-runner resize ID [--memory BYTES] [--cpus N] [--pids N]

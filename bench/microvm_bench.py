@@ -1,0 +1,168 @@
+#!/usr/bin/python3
+"""microvm tier benchmark: launch → agent exec, against a plain QEMU microvm boot of the same
+kernel and initramfs (issue 5, "Benchmark").
+
+    sudo /usr/bin/python3 bench/microvm_bench.py              # 5 rounds, --accel tcg
+    sudo /usr/bin/python3 bench/microvm_bench.py --rounds 3   # fewer rounds
+
+Both cases are timed on the host, from just before the process is started to the moment a
+marker line arrives on its stdout (the guest's clock is not the host's, so no timestamp is
+taken inside the guest):
+
+- plain:   `qemu-system-x86_64 -M microvm … -kernel K -initrd I` where I is the runner's own
+           cached base initramfs with its /init replaced (a later cpio archive) by one that
+           prints the marker on the serial console (QEMU's stdout) and powers off.
+- microvm: `compass-runner run --backend microvm --accel A -- echo MARKER` (sam-box, the
+           cached erofs root, the initramfs, modules, overlay, switch_root, nano-init, the
+           agent; the marker arrives through the guest's stdout port).
+
+The cases alternate round by round so that load on the host hits both alike. Target: microvm
+≤ 1.1 × plain (median). Prints PASS/MISS and exits 0 either way; non-zero only if a case could
+not run. The results also go to bench/results/microvm-<time>.json. Needs root, the local image
+and a build in build/ (or --build DIR). No traffic leaves the machine.
+"""
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import pathlib
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+KERNEL_DIR = pathlib.Path(os.environ.get("COMPASS_GUEST_KERNEL",
+                                         "/usr/local/lib/compass/guest-kernel"))
+CACHE = pathlib.Path(os.environ.get("COMPASS_MICROVM_CACHE", "/var/lib/compass/microvm"))
+TARGET_RATIO = 1.1
+MARKER = "COMPASS-BENCH-MARKER"
+PLAIN_INIT = f"""#!/bin/busybox sh
+/bin/busybox mount -t proc proc /proc
+echo {MARKER} > /dev/console
+/bin/busybox poweroff -f
+"""
+
+
+def newc(entries):
+    """A cpio newc archive: entries are (name, mode, data)."""
+    out = bytearray()
+    for ino, (name, mode, data) in enumerate([*entries, ("TRAILER!!!", 0, b"")], start=1):
+        fields = [ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name) + 1, 0]
+        out += b"070701" + b"".join(b"%08X" % f for f in fields) + name.encode() + b"\0"
+        out += b"\0" * (-len(out) % 4)
+        out += data
+        out += b"\0" * (-len(out) % 4)
+    return bytes(out)
+
+
+def timed(argv, env, timeout=600):
+    """Starts argv; returns (ms until a stdout line holds MARKER, ms until exit)."""
+    t0 = time.monotonic()
+    p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    marker_ms, buf = None, b""
+    deadline = t0 + timeout
+    fd = p.stdout.fileno()
+    while marker_ms is None and time.monotonic() < deadline:
+        r, _, _ = select.select([fd], [], [], 1.0)
+        if not r:
+            if p.poll() is not None:
+                break
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        buf += chunk
+        if MARKER.encode() in buf:
+            marker_ms = (time.monotonic() - t0) * 1000
+    _, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
+    total_ms = (time.monotonic() - t0) * 1000
+    if marker_ms is None:
+        raise RuntimeError(f"{argv[:5]}… no marker (exit {p.returncode}): "
+                           f"{err.decode(errors='replace')[-600:]}")
+    return marker_ms, total_ms
+
+
+def summarize(xs):
+    return {"n": len(xs), "median_ms": round(statistics.median(xs), 1),
+            "min_ms": round(min(xs), 1), "max_ms": round(max(xs), 1)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5, help="rounds (each runs both cases)")
+    ap.add_argument("--accel", default="tcg", choices=["tcg", "kvm"])
+    ap.add_argument("--build", default=str(REPO / "build"), help="build dir (default build/)")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("microvm_bench: run as root")
+    runner = pathlib.Path(args.build) / "src/compass-runner/compass-runner"
+    env = dict(os.environ)
+    env.pop("CONTAINERS_CONF", None)
+    run_argv = [str(runner), "run", "--backend", "microvm", "--accel", args.accel, "--",
+                "echo", MARKER]
+
+    # Warm-up: builds the cached erofs root and base initramfs (not measured).
+    print("warm-up (builds the cached root image and initramfs)…", flush=True)
+    timed(run_argv, env)
+    bases = sorted(glob.glob(str(CACHE / "initramfs-*.cpio")), key=os.path.getmtime)
+    kernels = sorted(glob.glob(str(KERNEL_DIR / "boot/vmlinuz-*")))
+    if not bases or not kernels:
+        sys.exit("microvm_bench: no cached initramfs or guest kernel (run install-deps)")
+    with tempfile.NamedTemporaryFile(suffix=".cpio", delete=False) as f:
+        f.write(pathlib.Path(bases[-1]).read_bytes())
+        f.write(newc([("init", 0o100755, PLAIN_INIT.encode())]))
+        plain_initrd = f.name
+    tcg = args.accel == "tcg"
+    append = "console=ttyS0 quiet panic=-1 reboot=t rdinit=/init"
+    if tcg:
+        append += " tsc_early_khz=2000000 lpj=8000000"
+    plain_argv = ["qemu-system-x86_64", "-M", "microvm,pit=on,pic=on,rtc=on,isa-serial=on",
+                  "-accel", args.accel, "-cpu", "qemu64" if tcg else "host", "-m", "512M",
+                  "-smp", "1", "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+                  "-kernel", kernels[-1], "-initrd", plain_initrd, "-append", append,
+                  "-serial", "stdio"]
+    samples = {"plain": [], "microvm": []}
+    totals = {"plain": [], "microvm": []}
+    try:
+        for i in range(args.rounds):
+            order = [("plain", plain_argv), ("microvm", run_argv)]
+            if i % 2:
+                order.reverse()
+            for name, argv in order:
+                marker, total = timed(argv, env)
+                samples[name].append(marker)
+                totals[name].append(total)
+                print(f"round {i + 1}: {name:8s} marker {marker:8.0f} ms  exit {total:8.0f} ms",
+                      flush=True)
+    finally:
+        os.unlink(plain_initrd)
+    plain, vm = summarize(samples["plain"]), summarize(samples["microvm"])
+    ratio = vm["median_ms"] / plain["median_ms"]
+    verdict = "PASS" if ratio <= TARGET_RATIO else "MISS"
+    print(f"\naccelerator: {args.accel}; {args.rounds} rounds, alternating")
+    print(f"plain QEMU boot to marker: median {plain['median_ms']:.0f} ms "
+          f"(min {plain['min_ms']:.0f}, max {plain['max_ms']:.0f})")
+    print(f"microvm launch → agent exec: median {vm['median_ms']:.0f} ms "
+          f"(min {vm['min_ms']:.0f}, max {vm['max_ms']:.0f})")
+    print(f"ratio {ratio:.2f} (target ≤ {TARGET_RATIO}): {verdict}")
+    RESULTS.mkdir(exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = RESULTS / f"microvm-{stamp}.json"
+    out.write_text(json.dumps({"accel": args.accel, "rounds": args.rounds,
+                               "plain": plain, "microvm": vm, "ratio": round(ratio, 3),
+                               "target": TARGET_RATIO, "verdict": verdict,
+                               "plain_exit": summarize(totals["plain"]),
+                               "microvm_exit": summarize(totals["microvm"]),
+                               "load_avg": os.getloadavg()}, indent=2) + "\n")
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+#pragma once
+// The runner's end of a guest's control port (microvm_qemu.h, compass.control): a Unix socket
+// the runner listens on and QEMU connects to. The guest's launch step (microvm_initramfs.h)
+// writes one line per event — "boot" (stage 1 runs), "up" (nano-init is being started),
+// "exit N" (the agent's status), "fail REASON" (the launch step gave up) — and reads "stop"
+// (SIGTERM to the agent through nano-init).
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include "common/unique_fd.h"
+
+namespace runner::microvm {
+
+/// A line from the guest, or why none came.
+struct ControlEvent {
+  enum class Kind { kLine, kTimeout, kClosed, kProcessExited };
+  Kind kind = Kind::kClosed;
+  std::string line;  ///< kLine: without its '\n'
+};
+
+class ControlChannel {
+ public:
+  /// Binds and listens on `path` (mode 0600). Throws RunnerError.
+  explicit ControlChannel(const std::string& path);
+  ControlChannel(const ControlChannel&) = delete;
+  ControlChannel& operator=(const ControlChannel&) = delete;
+
+  /// Waits until QEMU (whose pidfd is `process`) connects, at most `timeout`. Returns false if
+  /// the process exited first or time ran out.
+  bool accept(int process, std::chrono::milliseconds timeout);
+
+  /// The next line from the guest: waits at most `timeout` (forever when nullopt), and returns
+  /// kProcessExited once pidfd `process` is readable (QEMU has exited) with no line pending.
+  /// Lines longer than 4 KiB are cut.
+  ControlEvent next(int process, std::optional<std::chrono::milliseconds> timeout);
+
+  /// Writes "stop\n" to the guest (from any thread). False if the connection is gone.
+  bool sendStop();
+
+ private:
+  common::UniqueFd listener_;
+  common::UniqueFd conn_;
+  std::string buffer_;
+  bool eof_ = false;
+};
+
+/// pidfd_send_signal(2): signals the process behind `pidfd` (never a reused pid). Returns
+/// false if it is already gone.
+bool signalPidFd(int pidfd, int sig);
+
+/// True if pidfd `pidfd` is readable within `timeout` (the process has exited).
+bool waitPidFd(int pidfd, std::chrono::milliseconds timeout);
+
+}  // namespace runner::microvm

@@ -1,0 +1,100 @@
+#pragma once
+// The microVM guest's initramfs (issue 5: "an initramfs the runner builds holding nano-init,
+// the kernel modules it needs and the agent launch step"). Two cpio archives, concatenated
+// (the kernel unpacks every archive it finds, later files over earlier ones:
+// Documentation/driver-api/early-userspace/buffer-format.rst):
+//
+//   base (cached per kernel + nano-init + busybox + scripts)   agent (per start, < 4 KiB)
+//     /init               stage 1 (busybox sh)                   /compass/agent.env
+//     /compass/busybox    Debian's busybox-static (/bin/busybox links to it)
+//     /lib/modules/*.ko   virtio, virtio-mmio, console, blk, erofs, overlay, tun
+//     /compass/nano-init  stripped copy of the runner's nano-init
+//     /compass/stage2     stage 2 (busybox sh)
+//
+// Stage 1 (PID 1 in the initramfs) loads the modules, says "boot" on the control port, mounts
+// the erofs root read-only under a tmpfs overlay (writable scratch that dies with the VM) and
+// switch_roots into it. Stage 2 (PID 1 in the agent's root) writes the virtual DNS's
+// resolv.conf, says "up", runs `nano-init run --user UID:GID h2+dev://<boundary port> CMD…`
+// with stdout/stderr on their ports, stops it on "stop", reports "exit N", powers off.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace runner::microvm {
+
+/// One file, directory, symlink or device node of a cpio archive.
+struct CpioEntry {
+  std::string name;   ///< path without a leading '/', e.g. "bin/busybox"
+  uint32_t mode = 0;  ///< st_mode: type bits (S_IFREG, S_IFDIR, S_IFLNK, S_IFCHR), permissions
+  std::string data;   ///< a regular file's content, a symlink's target
+  uint32_t rdev_major = 0;
+  uint32_t rdev_minor = 0;
+};
+
+/// A cpio "newc" archive (SVR4, magic 070701) of `entries`, in order, with its TRAILER!!!
+/// entry. Owners are 0:0, mtimes 0. Throws RunnerError for a name with a NUL or over 4 KiB.
+std::string cpioArchive(const std::vector<CpioEntry>& entries);
+
+/// `text` as one POSIX shell word: single-quoted, each ' written as '\''.
+std::string shellQuote(std::string_view text);
+
+/// What stage 2 needs of the agent.
+struct GuestAgent {
+  uint32_t uid = 1000;  ///< the agent's ids in the guest (the default image's `agent`)
+  uint32_t gid = 1000;
+  std::string workdir = "/";         ///< absolute
+  std::optional<uint64_t> pids;      ///< RLIMIT_NPROC of the agent's uid in the guest
+  std::vector<std::string> command;  ///< never empty
+};
+
+/// /compass/agent.env: shell assignments and `set -- CMD…`, every value shellQuote()d.
+std::string agentEnv(const GuestAgent& agent);
+
+/// The agent's archive (/compass/agent.env).
+std::string agentCpio(const GuestAgent& agent);
+
+/// The two launch scripts (stage 1 is /init).
+std::string_view stage1Script();
+std::string_view stage2Script();
+
+/// The guest kernel: `dir` holds boot/vmlinuz-RELEASE and lib/modules/RELEASE/ (Debian's
+/// linux-image-*-cloud-amd64 unpacked by scripts/install-deps).
+struct GuestKernel {
+  std::string dir;
+  std::string vmlinuz;
+  std::string modules;  ///< lib/modules/RELEASE/kernel
+  std::string release;
+};
+
+/// $COMPASS_GUEST_KERNEL, else /usr/local/lib/compass/guest-kernel.
+std::string guestKernelDir();
+
+/// Finds the kernel in guestKernelDir() (the newest release when several). Throws RunnerError
+/// saying to run scripts/install-deps if it is missing.
+GuestKernel findGuestKernel();
+
+/// The modules stage 1 loads, in dependency order (paths under GuestKernel::modules, no .ko).
+const std::vector<std::string>& guestModules();
+
+/// The base initramfs for `kernel`, `nano_init` and `busybox`, built once into `cache_dir`
+/// (atomic rename; the name carries a hash of every input's path, size and mtime and of the
+/// scripts) and reused. nano-init is stripped with `strip` when that exists. Returns its path.
+/// Throws RunnerError naming the missing input.
+std::string baseInitramfs(const GuestKernel& kernel, const std::string& nano_init,
+                          const std::string& busybox, const std::string& cache_dir);
+
+/// Writes `base` followed by agentCpio(agent) to `out` (mode 0600). Throws RunnerError.
+void writeAgentInitramfs(const std::string& base, const GuestAgent& agent, const std::string& out);
+
+/// Debian's busybox-static: $COMPASS_BUSYBOX, else /bin/busybox. Throws RunnerError if it is
+/// not a static executable (stage 2 runs it in the agent's root, which has no libc of ours).
+std::string findBusybox();
+
+/// The cache of built images: $COMPASS_MICROVM_CACHE, else /var/lib/compass/microvm; created
+/// 0700 if missing.
+std::string cacheDir();
+
+}  // namespace runner::microvm
