@@ -55,7 +55,15 @@ def main():
     emit(check={"rc": r.returncode, "out": (r.stdout + r.stderr).strip()})
     r = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=10)
     emit(links=[line.split(":")[1].strip().split("@")[0] for line in r.stdout.splitlines()])
-    emit(models=http(f"{MESH}/v1/models"))
+    # sam-node starts beside it too, with no ordering between a pod's containers: until it
+    # listens, sam-box refuses mesh.sam.alt (a refused connection) or answers 502. Retry for
+    # 30 s at most, as a harness behind a sidecar should.
+    deadline = time.monotonic() + 30
+    models = http(f"{MESH}/v1/models")
+    while (models.get("status", 502) == 502) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        models = http(f"{MESH}/v1/models")
+    emit(models=models)
     if os.environ.get("AGENT_CHAT"):
         emit(chat=http(f"{MESH}/v1/chat/completions",
                        {"model": os.environ["AGENT_CHAT"],
