@@ -279,21 +279,8 @@ class MicrovmBackend final : public Backend {
   }
 
   void spawnSamBox(const AgentSpec& spec, const std::string& bin, const std::string& socket) {
-    SamBoxOptions o;
-    o.binary = bin;
-    o.socket = socket;
-    o.log = spec.state_dir + "/" + kSamBoxLog;
-    metrics_addr_ = "127.0.0.1:" + std::to_string(freeLocalPort());
-    o.metrics_addr = metrics_addr_;
-    o.egress_allow = spec.egress_allow;
-    o.bundle = spec.bundle_path;
-    o.insecure_unverified_bundle = !spec.bundle_path.empty();
-    o.sidecar_socket = spec.sidecar_socket;
-    if (o.insecure_unverified_bundle) {
-      note(
-          "the bundle's agent identity is NOT verified (no platform credential is configured); "
-          "sam-box runs with --insecure-unverified-bundle");
-    }
+    const SamBoxOptions o = boundarySamBoxOptions(spec, bin, socket);
+    metrics_addr_ = o.metrics_addr;
     sam_box_.spawn(o);
   }
 

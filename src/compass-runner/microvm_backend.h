@@ -16,8 +16,7 @@
 namespace runner::microvm {
 
 /// Files in the agent's state dir.
-inline constexpr const char* kSocketFile = "agent.sock";  ///< sam-box (QEMU dials it)
-inline constexpr const char* kSamBoxLog = "sam-box.log";
+inline constexpr const char* kSocketFile = "agent.sock";     ///< sam-box (QEMU dials it)
 inline constexpr const char* kControlFile = "control.sock";  ///< the runner listens
 inline constexpr const char* kConsoleLog = "console.log";    ///< the guest kernel's console
 inline constexpr const char* kPidFile = "qemu.pid";          ///< QEMU -pidfile

@@ -306,22 +306,8 @@ class PodmanBackend final : public Backend {
   }
 
   void spawnSamBox(const AgentSpec& spec, const std::string& bin, const std::string& socket) {
-    SamBoxOptions o;
-    o.binary = bin;
-    o.socket = socket;
-    o.log = spec.state_dir + "/" + kSamBoxLog;
-    metrics_addr_ = "127.0.0.1:" + std::to_string(freeLocalPort());
-    o.metrics_addr = metrics_addr_;
-    o.egress_allow = spec.egress_allow;
-    o.bundle = spec.bundle_path;
-    // The runner takes no platform credential flags, so a bundle's identity is as written.
-    o.insecure_unverified_bundle = !spec.bundle_path.empty();
-    o.sidecar_socket = spec.sidecar_socket;
-    if (o.insecure_unverified_bundle) {
-      note(
-          "the bundle's agent identity is NOT verified (no platform credential is configured); "
-          "sam-box runs with --insecure-unverified-bundle");
-    }
+    const SamBoxOptions o = boundarySamBoxOptions(spec, bin, socket);
+    metrics_addr_ = o.metrics_addr;
     sam_box_.spawn(o);
   }
 

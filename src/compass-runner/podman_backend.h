@@ -20,9 +20,8 @@
 
 namespace runner::podman {
 
-/// Where the sam-box socket and its log live in the agent's state dir.
+/// Where the sam-box socket lives in the agent's state dir (its log: sam_box_process.h).
 inline constexpr const char* kSocketFile = "agent.sock";
-inline constexpr const char* kSamBoxLog = "sam-box.log";
 inline constexpr const char* kPidFile = "container.pid";
 /// How long sam-box may take to create its socket before the start fails.
 inline constexpr std::chrono::seconds kSamBoxStartTimeout{5};

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -21,6 +22,26 @@
 #include "compass-runner/process.h"
 
 namespace runner {
+
+SamBoxOptions boundarySamBoxOptions(const AgentSpec& spec, const std::string& binary,
+                                    const std::string& socket) {
+  SamBoxOptions o;
+  o.binary = binary;
+  o.socket = socket;
+  o.log = spec.state_dir + "/" + kSamBoxLog;
+  o.metrics_addr = "127.0.0.1:" + std::to_string(freeLocalPort());
+  o.egress_allow = spec.egress_allow;
+  o.bundle = spec.bundle_path;
+  o.insecure_unverified_bundle = !spec.bundle_path.empty();
+  o.sidecar_socket = spec.sidecar_socket;
+  if (o.insecure_unverified_bundle) {
+    std::fprintf(stderr,
+                 "compass-runner: the bundle's agent identity is NOT verified (no platform "
+                 "credential is configured); sam-box runs with --insecure-unverified-bundle\n");
+  }
+  return o;
+}
+
 namespace {
 
 namespace fs = std::filesystem;

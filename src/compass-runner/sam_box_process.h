@@ -25,6 +25,19 @@ struct SamBoxOptions {
   std::string sidecar_socket;  ///< --sidecar-socket; empty = none
 };
 
+struct AgentSpec;
+
+/// sam-box's log (stdout and stderr) in the agent's state dir.
+inline constexpr const char* kSamBoxLog = "sam-box.log";
+
+/// The options of `spec`'s own sam-box in egress `boundary` (podman and microvm tiers): socket
+/// `socket`, log <state_dir>/sam-box.log, metrics on a free loopback port, the effective
+/// allowlist, the bundle and sam-node's socket. The runner takes no platform credential flags,
+/// so a bundle's identity is taken as written (--insecure-unverified-bundle), and this says so
+/// on stderr, as the launch banner. `binary` is findSamBox()'s answer.
+SamBoxOptions boundarySamBoxOptions(const AgentSpec& spec, const std::string& binary,
+                                    const std::string& socket);
+
 /// The argv of `sam-box run` for `opts` (pure).
 std::vector<std::string> samBoxArgv(const SamBoxOptions& opts);
 
