@@ -142,39 +142,6 @@ std::string judgeAnswer(const std::string& msg) {
 
 }  // namespace
 
-std::vector<std::string> defaultRoutes4(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  std::string line;
-  std::getline(in, line);  // header
-  while (std::getline(in, line)) {
-    char iface[IFNAMSIZ + 1] = {};
-    unsigned dest = 1, gw = 0, flags = 0, refcnt = 0, use = 0, metric = 0, mask = 1;
-    if (std::sscanf(line.c_str(), "%16s %x %x %x %u %u %u %x", iface, &dest, &gw, &flags, &refcnt,
-                    &use, &metric, &mask) == 8 &&
-        dest == 0 && mask == 0 && (flags & RTF_UP) != 0 && (flags & RTF_REJECT) == 0) {
-      out.emplace_back(iface);
-    }
-  }
-  return out;
-}
-
-std::vector<std::string> defaultRoutes6(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    char dest[33] = {}, iface[IFNAMSIZ + 1] = {};
-    unsigned plen = 1, flags = 0;
-    if (std::sscanf(line.c_str(), "%32s %x %*s %*s %*s %*s %*s %*s %x %16s", dest, &plen, &flags,
-                    iface) == 4 &&
-        plen == 0 && std::strspn(dest, "0") == std::strlen(dest) && (flags & RTF_UP) != 0 &&
-        (flags & RTF_REJECT) == 0) {
-      out.emplace_back(iface);
-    }
-  }
-  return out;
-}
-
 std::vector<std::string> evaluate(const Observation& seen) {
   std::vector<std::string> reasons;
   const std::string tun = tun::kName;
@@ -206,8 +173,8 @@ std::vector<std::string> evaluate(const Observation& seen) {
                         join(elsewhere, ", "));
     }
   };
-  routes(seen.route4, "IPv4", defaultRoutes4);
-  if (seen.ipv6_present) routes(seen.route6, "IPv6", defaultRoutes6);
+  routes(seen.route4, "IPv4", tun::defaultRoutes4);
+  if (seen.ipv6_present) routes(seen.route6, "IPv6", tun::defaultRoutes6);
   // 4. resolv.conf
   if (!seen.resolv_conf) {
     reasons.push_back("/etc/resolv.conf cannot be read");

@@ -45,13 +45,6 @@ struct Observation {
 /// static rules hold.
 std::vector<std::string> evaluate(const Observation& seen);
 
-/// The interfaces whose default route (destination and mask 0, RTF_UP, not RTF_REJECT) is in
-/// `text`, in /proc/net/route format (proc(5)). Pure.
-std::vector<std::string> defaultRoutes4(const std::string& text);
-
-/// The same for /proc/net/ipv6_route text (destination ::/0). Pure.
-std::vector<std::string> defaultRoutes6(const std::string& text);
-
 /// Reads the observation of the calling process (if_nameindex(3), /proc, /etc/resolv.conf).
 Observation observe();
 

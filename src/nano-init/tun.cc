@@ -9,11 +9,14 @@
 #include <net/route.h>
 #include <sys/ioctl.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "nano-init/errors.h"
 #include "nano-init/netlink.h"
@@ -80,37 +83,14 @@ bool isAddress(const sockaddr* a, const char* text) {
          std::memcmp(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr, want.data(), 16) == 0;
 }
 
-// /proc/net/route (IPv4): "Iface Destination Gateway Flags … Mask …", hex, 0 = default.
-bool defaultRoute4() {
-  std::ifstream in("/proc/net/route");
-  std::string line;
-  std::getline(in, line);  // header
-  while (std::getline(in, line)) {
-    char iface[IFNAMSIZ + 1] = {};
-    unsigned dest = 1, gw = 0, flags = 0, refcnt = 0, use = 0, metric = 0, mask = 1;
-    if (std::sscanf(line.c_str(), "%16s %x %x %x %u %u %u %x", iface, &dest, &gw, &flags, &refcnt,
-                    &use, &metric, &mask) == 8 &&
-        std::strcmp(iface, kName) == 0 && dest == 0 && mask == 0 && (flags & RTF_UP) != 0) {
-      return true;
-    }
-  }
-  return false;
-}
-
-// /proc/net/ipv6_route: "dest plen src splen next metric refcnt use flags iface".
-bool defaultRoute6() {
-  std::ifstream in("/proc/net/ipv6_route");
-  for (std::string line; std::getline(in, line);) {
-    char dest[33] = {}, iface[IFNAMSIZ + 1] = {};
-    unsigned plen = 1;
-    if (std::sscanf(line.c_str(), "%32s %x %*s %*s %*s %*s %*s %*s %*s %16s", dest, &plen, iface) ==
-            3 &&
-        std::strcmp(iface, kName) == 0 && plen == 0 &&
-        std::strspn(dest, "0") == std::strlen(dest)) {
-      return true;
-    }
-  }
-  return false;
+// Whether tun0 holds a default route in `file` (/proc/net/route or /proc/net/ipv6_route).
+bool tunHasDefaultRoute(const char* file,
+                        std::vector<std::string> (*parse)(const std::string& text)) {
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  const auto ifaces = parse(text.str());
+  return std::find(ifaces.begin(), ifaces.end(), kName) != ifaces.end();
 }
 
 Observed observe() {
@@ -134,8 +114,8 @@ Observed observe() {
     }
   }
   ::freeifaddrs(list);
-  o.route4 = defaultRoute4();
-  o.route6 = defaultRoute6();
+  o.route4 = tunHasDefaultRoute("/proc/net/route", defaultRoutes4);
+  o.route6 = tunHasDefaultRoute("/proc/net/ipv6_route", defaultRoutes6);
   return o;
 }
 
@@ -210,6 +190,39 @@ void configureNetwork() {
     throw StepError("tun0 lacks " + missing + ", and nano-init cannot add it (" + e.what() +
                     "); its launcher must configure tun0 or grant CAP_NET_ADMIN");
   }
+}
+
+std::vector<std::string> defaultRoutes4(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    char iface[IFNAMSIZ + 1] = {};
+    unsigned dest = 1, gw = 0, flags = 0, refcnt = 0, use = 0, metric = 0, mask = 1;
+    if (std::sscanf(line.c_str(), "%16s %x %x %x %u %u %u %x", iface, &dest, &gw, &flags, &refcnt,
+                    &use, &metric, &mask) == 8 &&
+        dest == 0 && mask == 0 && (flags & RTF_UP) != 0 && (flags & RTF_REJECT) == 0) {
+      out.emplace_back(iface);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> defaultRoutes6(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    char dest[33] = {}, iface[IFNAMSIZ + 1] = {};
+    unsigned plen = 1, flags = 0;
+    if (std::sscanf(line.c_str(), "%32s %x %*s %*s %*s %*s %*s %*s %x %16s", dest, &plen, &flags,
+                    iface) == 4 &&
+        plen == 0 && std::strspn(dest, "0") == std::strlen(dest) && (flags & RTF_UP) != 0 &&
+        (flags & RTF_REJECT) == 0) {
+      out.emplace_back(iface);
+    }
+  }
+  return out;
 }
 
 }  // namespace nanoinit::tun

@@ -3,6 +3,9 @@
 // launcher made (an fd passed as 3, or a persistent tun0 in this netns that it may attach
 // to) or creates one, which needs CAP_NET_ADMIN over the netns and access to /dev/net/tun.
 
+#include <string>
+#include <vector>
+
 #include "common/unique_fd.h"
 
 namespace nanoinit::tun {
@@ -24,5 +27,12 @@ common::UniqueFd openTun();
 /// since the container holds no CAP_NET_ADMIN), nothing is changed. Otherwise nano-init adds
 /// what is missing; if it cannot (EPERM), throws StepError naming every missing piece.
 void configureNetwork();
+
+/// The interfaces whose default route (destination and mask 0, RTF_UP, not RTF_REJECT) is in
+/// `text`, in /proc/net/route format (proc(5)). Pure.
+std::vector<std::string> defaultRoutes4(const std::string& text);
+
+/// The same for /proc/net/ipv6_route text (destination ::/0). Pure.
+std::vector<std::string> defaultRoutes6(const std::string& text);
 
 }  // namespace nanoinit::tun

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "nano-init/options.h"
+#include "nano-init/tun.h"
 
 namespace nanoinit::check {
 namespace {
@@ -110,14 +111,14 @@ TEST(CheckTest, RejectAndDownRoutesDoNotCount) {
   const std::string v6 =
       "00000000000000000000000000000000 00 00000000000000000000000000000000 00 "
       "00000000000000000000000000000000 ffffffff 00000001 00000000 00200201       lo\n";
-  EXPECT_TRUE(defaultRoutes6(v6).empty());
+  EXPECT_TRUE(tun::defaultRoutes6(v6).empty());
   const std::string v4 = std::string(kRouteHeader) +
                          "eth0\t00000000\t0100580A\t0002\t0\t0\t0\t00000000\t0\t0\t0\n"
                          "eth0\t00000000\t0100580A\t0201\t0\t0\t0\t00000000\t0\t0\t0\n";
-  EXPECT_TRUE(defaultRoutes4(v4).empty());
-  EXPECT_EQ(defaultRoutes4(std::string(kRouteHeader) + kTunRoute4),
+  EXPECT_TRUE(tun::defaultRoutes4(v4).empty());
+  EXPECT_EQ(tun::defaultRoutes4(std::string(kRouteHeader) + kTunRoute4),
             (std::vector<std::string>{"tun0"}));
-  EXPECT_EQ(defaultRoutes6(kTunRoute6), (std::vector<std::string>{"tun0"}));
+  EXPECT_EQ(tun::defaultRoutes6(kTunRoute6), (std::vector<std::string>{"tun0"}));
 }
 
 TEST(CheckTest, CapabilitiesThatCouldRerouteFail) {
