@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/read_file.h"
 #include "policy/name.h"
 
 namespace samnode {
@@ -363,12 +364,10 @@ Config parseConfig(std::string_view yaml) {
 }
 
 Config loadConfig(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError("config: cannot read " + path + ": " + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw ConfigError("config: cannot read " + path + ": read error");
-  return parseConfig(text.str());
+  std::string why;
+  const auto text = common::readRegularFile(path, kMaxConfigBytes, &why);
+  if (!text) throw ConfigError("config: cannot read " + path + ": " + why);
+  return parseConfig(*text);
 }
 
 bool agentMatches(const AgentPattern& pattern, std::string_view agent_id) {

@@ -95,7 +95,10 @@ struct Config {
 
 /// Parses YAML text. Throws ConfigError.
 Config parseConfig(std::string_view yaml);
-/// Reads and parses a file. Throws ConfigError ("config: cannot read PATH: reason").
+/// The largest configuration file loadConfig() reads, in bytes.
+inline constexpr size_t kMaxConfigBytes = 16 << 20;
+/// Reads (a regular file of at most kMaxConfigBytes: a FIFO or device is refused, never
+/// waited on) and parses a file. Throws ConfigError ("config: cannot read PATH: reason").
 Config loadConfig(const std::string& path);
 
 /// True if `agent_id` (normalized) matches `pattern`: exact equality, or for "*.ns" any name

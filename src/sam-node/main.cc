@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/read_file.h"
 #include "sam-node/config.h"
 #include "sam-node/http.h"
 #include "sam-node/metrics.h"
@@ -28,12 +29,15 @@ struct Options {
   std::string metrics_addr;
   std::string bind_addr;
   std::string jwt_path;
+  bool jwt_path_given = false;
   std::string log_level = "info";
 };
 
 // Exit codes: 0 stopped by a signal, 1 could not serve, 2 bad flags or configuration.
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
+// A platform token (a JWT) is a few KiB; anything much larger is not one.
+constexpr size_t kMaxTokenBytes = 64 << 10;
 
 int fail(int code, const std::string& message) {
   std::fprintf(stderr, "sam-node: %s\n", message.c_str());
@@ -78,13 +82,13 @@ int run(const Options& opts) {
   if (!opts.bind_addr.empty())
     return fail(kExitUsage,
                 "--bind-addr: only \"\" is accepted: this node does not join a mesh (not built)");
-  if (!opts.jwt_path.empty()) {
-    // The seed's pod hands the node its platform token for the mesh. A path that cannot be
-    // read is a deployment error, said now; a readable one is not used (no mesh), and that
-    // is said too rather than ignored.
-    if (::access(opts.jwt_path.c_str(), R_OK) != 0)
-      return fail(kExitUsage,
-                  "--jwt-path: cannot read " + opts.jwt_path + ": " + std::strerror(errno));
+  if (opts.jwt_path_given) {
+    // The seed's pod hands the node its platform token for the mesh. A path that is not a
+    // readable regular file is a deployment error, said now; a readable one is not used (no
+    // mesh), and that is said too rather than ignored.
+    std::string why = "empty path";
+    if (opts.jwt_path.empty() || !common::readRegularFile(opts.jwt_path, kMaxTokenBytes, &why))
+      return fail(kExitUsage, "--jwt-path: cannot read '" + opts.jwt_path + "': " + why);
     common::log::info("--jwt-path is not used: this node joins no mesh (--bind-addr \"\")",
                       {{"jwt_path", opts.jwt_path}});
   }
@@ -166,9 +170,10 @@ int main(int argc, char** argv) {
   cmd->add_option("--bind-addr", opts.bind_addr,
                   "mesh listener: only \"\" (not built) (default: \"\")")
       ->expected(0, 1);  // the seed writes `--bind-addr=`: an empty value
-  cmd->add_option("--jwt-path", opts.jwt_path,
-                  "the node's platform token file (seed 003's pod); checked readable, not used "
-                  "without a mesh (default: none)");
+  CLI::Option* jwt_path =
+      cmd->add_option("--jwt-path", opts.jwt_path,
+                      "the node's platform token file (seed 003's pod); checked readable, not used "
+                      "without a mesh (default: none)");
   cmd->add_option("--log-level", opts.log_level, "debug, info, warn or error")
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
       ->capture_default_str();
@@ -178,6 +183,7 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : kExitUsage;
   }
+  opts.jwt_path_given = jwt_path->count() > 0;
   if (opts.config.empty()) opts.config = opts.data_dir + "/sam-node.yaml";
   common::log::init("sam-node", common::log::parseLevel(opts.log_level));
   return run(opts);

@@ -7,6 +7,8 @@ scripted model server on loopback. Also the a2a directory against a python card 
 import http.client
 import http.server
 import json
+import os
+import pathlib
 import secrets
 import threading
 
@@ -219,7 +221,9 @@ def test_the_seeds_pod_command_line_runs(sam_node, model_server):  # noqa: F811
 
 @pytest.mark.parametrize("flags,said", [
     (["--bind-addr=0.0.0.0:7070"], "--bind-addr: only"),
-    (["--jwt-path=/nonexistent/sam-token"], "--jwt-path: cannot read /nonexistent/sam-token"),
+    (["--jwt-path=/nonexistent/sam-token"], "--jwt-path: cannot read '/nonexistent/sam-token'"),
+    (["--jwt-path", "/tmp"], "--jwt-path: cannot read '/tmp': is a directory"),
+    (["--jwt-path", ""], "--jwt-path: cannot read '': empty path"),
 ])
 def test_mesh_flags_it_cannot_honour_exit_2(sam_node, flags, said):  # noqa: F811
     n = sam_node({"version": "v1", "services": [], "roles": []}, start=False)
@@ -227,6 +231,25 @@ def test_mesh_flags_it_cannot_honour_exit_2(sam_node, flags, said):  # noqa: F81
     n.spawn()
     assert n.wait_exit() == 2
     assert said in n.stderr_text()
+
+
+@pytest.mark.parametrize("kind,said", [("fifo", "is not a regular file"),
+                                        ("zero", "is not a regular file"),
+                                        ("dir", "is a directory")])
+def test_config_that_is_not_a_file_exits_2_without_waiting(sam_node, kind, said):  # noqa: F811
+    """A FIFO must not hang the node (nothing will ever write it), nor /dev/zero exhaust it."""
+    n = sam_node({"version": "v1", "services": [], "roles": []}, start=False)
+    odd = n.dir / "odd"
+    if kind == "fifo":
+        os.mkfifo(odd)
+    elif kind == "zero":
+        odd = pathlib.Path("/dev/zero")
+    else:
+        odd.mkdir()
+    n.args = ["run", f"--socket-path={n.socket_path}", f"--config={odd}"]
+    n.spawn()
+    assert n.wait_exit() == 2
+    assert f"config: cannot read {odd}: {said}" in n.stderr_text()
 
 
 def test_missing_default_config_is_named(sam_node):  # noqa: F811
