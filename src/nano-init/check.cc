@@ -17,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/read_file.h"
 #include "common/unique_fd.h"
 #include "nano-init/resolv.h"
 #include "nano-init/tun.h"
@@ -29,12 +30,11 @@ constexpr int kCapNetAdmin = 12;  // linux/capability.h
 constexpr int kCapSysAdmin = 21;
 constexpr uint16_t kQueryId = 0x5a3c;
 
+// Files larger than this are not read (a resolv.conf bound to /dev/zero must not exhaust memory).
+constexpr size_t kMaxFileBytes = 1 << 20;
+
 std::optional<std::string> readFile(const char* path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return common::readRegularFile(path, kMaxFileBytes);
 }
 
 std::string join(const std::vector<std::string>& items, const char* sep) {

@@ -41,7 +41,11 @@ void enterUserNamespace() {
 }
 
 void enterNetworkNamespace() {
-  if (::unshare(CLONE_NEWNET) != 0) throwErrno("unshare(CLONE_NEWNET)");
+  // IPC and UTS too: the agent shares no System V IPC or hostname with the containers beside
+  // it (a Kubernetes pod shares both between its containers).
+  if (::unshare(CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS) != 0) {
+    throwErrno("unshare(CLONE_NEWNET|CLONE_NEWIPC|CLONE_NEWUTS)");
+  }
 }
 
 bool enterMountNamespace(std::string* why) {

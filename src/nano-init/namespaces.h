@@ -11,7 +11,8 @@ namespace nanoinit::namespaces {
 /// unprivileged process may map). The agent keeps its uid; capabilities are dropped later.
 void enterUserNamespace();
 
-/// unshare(CLONE_NEWNET): a fresh network namespace with only a down lo.
+/// unshare(CLONE_NEWNET|CLONE_NEWIPC|CLONE_NEWUTS): a fresh network namespace with only a
+/// down lo, and IPC and UTS namespaces of its own (a pod shares both between containers).
 void enterNetworkNamespace();
 
 /// unshare(CLONE_NEWNS) and make every mount private, so nothing nano-init mounts (the

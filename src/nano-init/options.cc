@@ -124,7 +124,8 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
     std::ostringstream out;
     std::ostringstream err;
     const int code = app.exit(e, out, err);
-    return Exit{code, code == 0 ? out.str() : err.str() + out.str()};
+    // --help/--version exit 0; every usage error is 2, whatever CLI11's own code for it.
+    return Exit{code == 0 ? 0 : 2, code == 0 ? out.str() : err.str() + out.str()};
   }
   if (*copy_cmd) return copy;
   if (*check_cmd) return CheckOptions{};

@@ -110,6 +110,13 @@ pid_t Supervisor::spawn(const std::vector<std::string>& argv,
       std::fprintf(stderr, "nano-init: refusing to start %s: %s\n", args[0], e.what());
       ::_exit(126);
     }
+    // Nothing but stdio crosses into the agent: a descriptor its launcher leaked (a socket in
+    // the host's netns, say) would be a way around tun0 that no check can see.
+    if (::close_range(3, ~0U, 0) != 0) {
+      std::fprintf(stderr, "nano-init: refusing to start %s: close_range: %s\n", args[0],
+                   std::strerror(errno));
+      ::_exit(126);
+    }
     ::execvp(args[0], args.data());
     std::fprintf(stderr, "nano-init: exec %s: %s\n", args[0], std::strerror(errno));
     ::_exit(errno == ENOENT ? 127 : 126);

@@ -34,6 +34,16 @@ def test_only_lo_and_tun0_with_default_routes(nano, dummy_boundary, create):
     assert "100.64.0.1/10" in addrs and "100::1/64" in addrs, addrs
 
 
+def test_create_namespaces_gives_ipc_and_uts_of_its_own(nano, dummy_boundary):
+    """A pod shares IPC and UTS between its containers: the agent must not share them."""
+    r = run_nano(dummy_boundary.path, ["readlink", "/proc/self/ns/ipc", "/proc/self/ns/uts"],
+                 flags=["--create-namespaces"], netns=False)
+    assert r.returncode == 0, r.stderr
+    ours = [os.readlink("/proc/self/ns/ipc"), os.readlink("/proc/self/ns/uts")]
+    theirs = r.stdout.split()
+    assert len(theirs) == 2 and theirs[0] != ours[0] and theirs[1] != ours[1], (theirs, ours)
+
+
 def test_unprivileged_create_namespaces_fails_closed_with_a_reason(nano, dummy_boundary,
                                                                    nano_tmp):
     """/dev/net/tun is 0600 root here: an unprivileged nano-init gets its namespaces but

@@ -82,6 +82,24 @@ def test_is_pid1_and_child_has_no_capabilities(nano, dummy_boundary):
     assert fields["NoNewPrivs"].strip() == "1"
 
 
+def test_inherited_descriptors_do_not_reach_the_agent(nano, dummy_boundary):
+    """A descriptor nano-init's launcher leaked (here a pipe at fd 47) must not cross into the
+    agent: an open socket in the host's netns would be a way around tun0."""
+    r_fd, w_fd = os.pipe()
+    try:
+        os.dup2(w_fd, 47, inheritable=True)
+        r = subprocess.run(nano_command(dummy_boundary.path, ["sh", "-c", "ls /proc/$$/fd"]),
+                           capture_output=True, text=True, timeout=30,
+                           stdin=subprocess.DEVNULL, pass_fds=(47,))
+    finally:
+        os.close(47)
+        os.close(r_fd)
+        os.close(w_fd)
+    assert r.returncode == 0, r.stderr
+    fds = sorted(int(x) for x in r.stdout.split())
+    assert 47 not in fds and fds[:3] == [0, 1, 2], fds
+
+
 def test_orphan_is_reaped_within_one_second(nano, dummy_boundary):
     # The orphan exits 0.2 s after its parent died; 1 s later it must not be a zombie.
     script = ("sh -c 'sleep 0.2 & echo $!' > /tmp/orphan.$$; p=$(cat /tmp/orphan.$$); "
