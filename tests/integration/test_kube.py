@@ -292,6 +292,9 @@ def test_manifests_keep_the_seeds_details():
         assert volumes[mounts["/dev/net/tun"]["name"]]["hostPath"] == {
             "path": "/dev/net/tun", "type": "CharDevice"}, name
         resolv = mounts["/etc/resolv.conf"]
+        # The harness is the container's root: a writable mount would let it rewrite the file
+        # (on podman, the host file behind it, shared with other pods of the same names).
+        assert resolv.get("readOnly") is True and mounts["/etc/hosts"].get("readOnly") is True
         cm_name = volumes[resolv["name"]]["configMap"]["name"]
         docs = list(yaml.safe_load_all((MANIFEST.parent / name).read_text()))
         cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == cm_name)
