@@ -343,8 +343,9 @@ class MicrovmBackend final : public Backend {
         if (e.line == "boot") booted = true;
         if (e.line == "up") return;
         if (e.line.rfind("fail ", 0) == 0) {
+          // The state dir goes with the failed start: quote the console, not its path.
           throw RunnerError("the guest's launch step failed: " + e.line.substr(5) +
-                            " (console: " + console + ")");
+                            "; the end of the guest's console:\n" + tailOfFile(console));
         }
         continue;
       }
@@ -363,8 +364,9 @@ class MicrovmBackend final : public Backend {
         throw RunnerError("the guest did not start the agent within " +
                           std::to_string(boot_timeout_.count()) + " s (" +
                           std::string(accelName(accel_)) +
-                          "; set COMPASS_MICROVM_BOOT_TIMEOUT for a slower host); the end of " +
-                          console + ":\n" + tailOfFile(console));
+                          "; set COMPASS_MICROVM_BOOT_TIMEOUT for a slower host); the end of "
+                          "the guest's console:\n" +
+                          tailOfFile(console));
       }
       throw RunnerError(
           "QEMU ended before the guest started the agent (QEMU's message, if any, is above); "

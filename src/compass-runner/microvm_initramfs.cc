@@ -1,17 +1,21 @@
 #include "compass-runner/microvm_initramfs.h"
 
 #include <elf.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
 
+#include "common/unique_fd.h"
 #include "compass-runner/backend.h"
 #include "compass-runner/process.h"
 
@@ -73,8 +77,8 @@ constexpr std::string_view kFstabEarly =
     "devtmpfs /dev devtmpfs nosuid 0 0\n"
     "scratch /rw tmpfs mode=0755 0 0\n";
 constexpr std::string_view kFstabRoot =
-    "/dev/vda /lower erofs ro 0 0\n"
-    "root /newroot overlay lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work 0 0\n";
+    "/dev/vda /lower erofs ro,nodev 0 0\n"
+    "root /newroot overlay nodev,lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work 0 0\n";
 // New proc and sysfs instances in the root (busybox's `mount -a` does not do MS_MOVE), the one
 // devtmpfs again, and the launch step bound at /.compass.
 constexpr std::string_view kFstabNew =
@@ -120,7 +124,10 @@ USER_IDS="$COMPASS_UID:$COMPASS_GID"
 unset COMPASS_UID COMPASS_GID COMPASS_PIDS COMPASS_WORKDIR n p P i
 log "stage 2: starting nano-init as $USER_IDS"
 echo up >&3
-/.compass/nano-init run --user "$USER_IDS" "h2+dev://$BOX" "$@" </dev/null >"$OUT" 2>"$ERR" &
+# The agent gets no user namespaces (an unprivileged way to the kernel's whole surface).
+echo 0 > /proc/sys/user/max_user_namespaces || die "user.max_user_namespaces=0"
+# 3>&-: the control port stays with this script; the agent must not report its own status.
+/.compass/nano-init run --user "$USER_IDS" "h2+dev://$BOX" "$@" </dev/null >"$OUT" 2>"$ERR" 3>&- &
 pid=$!
 while read -r cmd; do [ "$cmd" = stop ] && kill -TERM $pid; done <&3 &
 wait $pid
@@ -143,11 +150,22 @@ std::string readFile(const std::string& path) {
 void writeFileAtomically(const std::string& path, const std::string& data, mode_t mode) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(data.data(), static_cast<std::streamsize>(data.size()));
-    if (!out.flush()) throw RunnerError("cannot write " + tmp);
+    // O_EXCL|O_NOFOLLOW: never write through a name someone else put there.
+    ::unlink(tmp.c_str());
+    const common::UniqueFd fd(
+        ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode));
+    if (!fd.valid()) throw RunnerError("cannot create " + tmp + ": " + std::strerror(errno));
+    size_t done = 0;
+    while (done < data.size()) {
+      const ssize_t n = ::write(fd.get(), data.data() + done, data.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        ::unlink(tmp.c_str());
+        throw RunnerError("cannot write " + tmp + ": " + std::strerror(errno));
+      }
+      done += static_cast<size_t>(n);
+    }
   }
-  ::chmod(tmp.c_str(), mode);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     ::unlink(tmp.c_str());
     throw RunnerError("cannot rename " + tmp + " to " + path);
@@ -328,15 +346,29 @@ std::string cacheDir() {
   const std::string dir = v != nullptr && *v != '\0' ? v : "/var/lib/compass/microvm";
   std::error_code ec;
   fs::create_directories(dir, ec);
-  ::chmod(dir.c_str(), 0700);
-  if (!fs::is_directory(dir, ec)) throw RunnerError("cannot create the cache dir " + dir);
+  // What is cached here is booted for later agents: the directory must be ours alone, or
+  // anyone who could write it could plant a root image or an initramfs.
+  const common::UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st {};
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0) {
+    throw RunnerError("the microvm cache dir " + dir +
+                      " (COMPASS_MICROVM_CACHE) cannot be opened as a directory (a symlink is "
+                      "refused): " +
+                      std::strerror(errno));
+  }
+  if (st.st_uid != ::geteuid()) {
+    throw RunnerError("the microvm cache dir " + dir + " (COMPASS_MICROVM_CACHE) belongs to uid " +
+                      std::to_string(st.st_uid) +
+                      ", not to this user: whoever owns it could plant what the guest boots");
+  }
+  if ((st.st_mode & 07777) != 0700) ::fchmod(fd.get(), 0700);
   return dir;
 }
 
 std::string baseInitramfs(const GuestKernel& kernel, const std::string& nano_init,
                           const std::string& busybox, const std::string& cache_dir) {
   // kLayout changes whenever the archive's layout below does (the scripts are in the key).
-  constexpr const char* kLayout = "layout 3;";
+  constexpr const char* kLayout = "layout 4;";
   std::string key = kLayout + stamp(nano_init) + stamp(busybox) + stamp(kernel.vmlinuz);
   for (const auto& m : guestModules()) key += stamp(kernel.modules + "/" + m + ".ko");
   key += std::string(kStage1) + std::string(kStage2) + std::string(kFstabEarly) +
@@ -344,7 +376,11 @@ std::string baseInitramfs(const GuestKernel& kernel, const std::string& nano_ini
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016zx", std::hash<std::string>{}(key));
   const std::string path = cache_dir + "/initramfs-" + hex + ".cpio";
-  if (::access(path.c_str(), R_OK) == 0) return path;
+  if (::access(path.c_str(), R_OK) == 0) {
+    // In use: keep it younger than the clean-up below, whichever runner does that.
+    ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);
+    return path;
+  }
 
   std::vector<CpioEntry> e = {
       {"bin", S_IFDIR | 0755, "", 0, 0},

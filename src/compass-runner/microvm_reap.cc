@@ -1,6 +1,7 @@
 #include "compass-runner/microvm_reap.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -46,6 +47,9 @@ std::vector<std::pair<int, std::string>> allGuests() {
   for (const auto& e : fs::directory_iterator("/proc", ec)) {
     const std::string n = e.path().filename().string();
     if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos) continue;
+    // Only our own QEMUs: a look-alike command line in another user's process is not one.
+    struct stat st {};
+    if (::stat(e.path().c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
     const std::string pidfile = pidfileOf(cmdlineOf(n));
     if (!pidfile.empty()) out.emplace_back(std::stoi(n), pidfile);
   }

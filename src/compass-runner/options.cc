@@ -186,7 +186,8 @@ uint64_t parseBytes(std::string_view flag, std::string_view text) {
   }
   if ((value << shift) < kMinMemoryBytes) {
     throw RunnerError(quoted(flag, text) +
-                      ": less than the 6 MiB a container needs (runc's minimum)");
+                      ": less than 6 MiB, the least any tier runs (runc's minimum; the microvm "
+                      "tier needs 128 MiB)");
   }
   return value << shift;
 }

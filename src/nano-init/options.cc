@@ -86,6 +86,28 @@ std::optional<Boundary> parseBoundary(const std::string& text, std::string* reas
   return b;
 }
 
+namespace {
+
+// Where CMD starts in `nano-init run [OPTIONS] BOUNDARY CMD…`: after the first word that is not
+// an option or an option's value. CLI11 sees only the words before it: its prefix_command()
+// still takes known options found after a positional, so `run BOUNDARY --help` would print
+// nano-init's help instead of running the agent's `--help`.
+int commandStart(int argc, const char* const* argv) {
+  if (argc < 2 || std::string_view(argv[1]) != "run") return argc;
+  for (int i = 2; i < argc; ++i) {
+    const std::string_view word = argv[i];
+    if (word == "--ingress-socket" || word == "--user") {
+      ++i;  // its value
+      continue;
+    }
+    if (word.starts_with("-")) continue;  // a flag, or --option=value
+    return i + 1;                         // argv[i] is BOUNDARY
+  }
+  return argc;
+}
+
+}  // namespace
+
 Parsed parseCommandLine(int argc, const char* const* argv) {
   CLI::App app{"nano-init: PID 1 of an agent sandbox (tun0, userspace TCP/IP, virtual DNS)",
                "nano-init"};
@@ -107,8 +129,6 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
       ->add_option("boundary", run.boundary,
                    "sam-box: a Unix socket path, vsock://CID:PORT, h2+unix://PATH or h2+dev://PATH")
       ->required();
-  // Everything after BOUNDARY is CMD [ARGS…], including CMD's own --flags.
-  run_cmd->prefix_command();
   run_cmd->footer("CMD [ARGS…] follow BOUNDARY; everything after BOUNDARY is passed through.");
 
   CopyOptions copy;
@@ -118,8 +138,9 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
   auto* check_cmd = app.add_subcommand(
       "check", "Say whether this process is inside a nano-init sandbox (exit 0) or not (exit 1)");
 
+  const int cmd_start = commandStart(argc, argv);
   try {
-    app.parse(argc, argv);
+    app.parse(cmd_start, argv);
   } catch (const CLI::ParseError& e) {
     std::ostringstream out;
     std::ostringstream err;
@@ -129,8 +150,7 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
   }
   if (*copy_cmd) return copy;
   if (*check_cmd) return CheckOptions{};
-  // prefix_command() leaves CMD [ARGS…] in remaining(), untouched.
-  run.command = run_cmd->remaining();
+  run.command.assign(argv + cmd_start, argv + argc);
   if (run.command.empty()) return Exit{2, "run: CMD is required\n"};
   if (user_opt->count() > 0) {
     const size_t colon = user.find(':');

@@ -19,8 +19,10 @@ import os
 import pathlib
 import re
 import select
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -223,6 +225,9 @@ res = {
   "nproc_limit": __import__("resource").getrlimit(__import__("resource").RLIMIT_NPROC)[0],
   "fork_flood": flood(),
   "ports": open_ports(),
+  "fds": sorted(int(x) for x in os.listdir("/proc/self/fd")),
+  "unshare_user": run("unshare", "-Urn", "true"),
+  "forged_exit": run("sh", "-c", "printf 'fail forged by the agent\\nexit 0\\n' >&3"),
 }
 print("PROBES " + json.dumps(res), flush=True)
 print("to-stderr", file=sys.stderr, flush=True)
@@ -318,6 +323,20 @@ def test_agent_is_not_root_and_has_no_capability(probes):
     assert len(probes["ports"]) == 4, probes["ports"]
     assert set(probes["ports"].values()) == {"PermissionError"}, probes["ports"]
     assert probes["tun_dev_mode"] in (None, "0o600"), probes["tun_dev_mode"]
+
+
+def test_agent_holds_no_port_descriptor_and_cannot_forge_its_status(probes):
+    """The control port is the launch step's: an agent holding it could report a status it did
+    not have or inject lines into the runner's messages."""
+    # listdir's own directory fd is the only one above 2.
+    assert len([fd for fd in probes["fds"] if fd > 2]) <= 1, probes["fds"]
+    assert probes["forged_exit"]["rc"] != 0, probes["forged_exit"]
+    assert probes["_run"]["rc"] == 7, probes["_run"]["stderr"]
+    assert "forged by the agent" not in probes["_run"]["stderr"]
+
+
+def test_agent_gets_no_user_namespace(probes):
+    assert probes["unshare_user"]["rc"] != 0, probes["unshare_user"]
 
 
 def test_agent_sees_no_terminal_and_has_writable_scratch_and_workdir(probes):
@@ -507,6 +526,36 @@ def test_refusals_name_the_flag(image):
     r = runner("run", *TCG, "--", "true",
                env=runner_env(COMPASS_GUEST_KERNEL="/nonexistent"))
     assert r.returncode == 2 and "install-deps" in r.stderr, r.stderr
+
+
+def test_a_cache_dir_someone_else_owns_is_refused(image):
+    """What is cached is booted for later agents: a cache another user could write (here one
+    `nobody` made) could hold a planted root image, so it is refused before anything runs."""
+    tmp_path = pathlib.Path(tempfile.mkdtemp(prefix="mvm-cache-", dir="/tmp"))
+    try:
+        _cache_refusals(tmp_path)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _cache_refusals(tmp_path):
+    os.chmod(tmp_path, 0o777)
+    cache = tmp_path / "cache"
+    subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                    "mkdir", "-m", "0755", str(cache)], check=True)
+    r = runner("run", *TCG, "--", "true", env=runner_env(COMPASS_MICROVM_CACHE=str(cache)))
+    assert r.returncode != 0 and "belongs to uid 65534" in r.stderr, r.stderr
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path)
+    r = runner("run", *TCG, "--", "true", env=runner_env(COMPASS_MICROVM_CACHE=str(link)))
+    assert r.returncode != 0 and "a symlink is refused" in r.stderr, r.stderr
+    assert oct(os.stat(tmp_path).st_mode & 0o777) == "0o777", "the link's target was chmodded"
+
+
+def test_a_command_that_looks_like_nano_init_options_runs_as_given(image):
+    r = runner("run", *TCG, "--", "--help")
+    assert r.returncode == 127, (r.returncode, r.stdout, r.stderr)
+    assert "nano-init" not in r.stdout
 
 
 # ---------------------------------------------------------------------------------------

@@ -24,6 +24,25 @@ TEST(OptionsTest, RunTakesEverythingAfterBoundaryAsTheCommand) {
             (std::vector<std::string>{"python3", "-c", "print(1)", "--create-namespaces"}));
 }
 
+TEST(OptionsTest, CommandWordsThatLookLikeOurOptionsAreTheCommands) {
+  // The agent's own --help, --create-namespaces or --user must run, not reconfigure nano-init.
+  auto p = parse({"run", "/run/agent.sock", "--help"});
+  ASSERT_NE(std::get_if<RunOptions>(&p), nullptr);
+  EXPECT_EQ(std::get<RunOptions>(p).command, (std::vector<std::string>{"--help"}));
+  p = parse({"run", "--user", "1000:1000", "--ingress-socket=/in.sock", "/run/agent.sock",
+             "--create-namespaces", "--user", "0:0", "id"});
+  const auto* run = std::get_if<RunOptions>(&p);
+  ASSERT_NE(run, nullptr);
+  EXPECT_FALSE(run->create_namespaces);
+  ASSERT_TRUE(run->user.has_value());
+  EXPECT_EQ(run->user->first, 1000u);
+  EXPECT_EQ(run->ingress_socket, "/in.sock");
+  EXPECT_EQ(run->command, (std::vector<std::string>{"--create-namespaces", "--user", "0:0", "id"}));
+  p = parse({"run", "--help"});  // no BOUNDARY: nano-init's own help
+  ASSERT_NE(std::get_if<Exit>(&p), nullptr);
+  EXPECT_EQ(std::get<Exit>(p).exit_code, 0);
+}
+
 TEST(OptionsTest, RunWithoutCommandOrBoundaryIsRefused) {
   for (auto args : {std::vector<const char*>{"run", "/run/agent.sock"},
                     std::vector<const char*>{"run"}, std::vector<const char*>{}}) {
