@@ -1,6 +1,8 @@
 // sam-node: models, tools and agents served by name (docs/sam-node.md).
+#include <grp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -30,6 +32,7 @@ struct Options {
   std::string bind_addr;
   std::string jwt_path;
   bool jwt_path_given = false;
+  std::string socket_group;
   std::string log_level = "info";
 };
 
@@ -92,6 +95,13 @@ int run(const Options& opts) {
     common::log::info("--jwt-path is not used: this node joins no mesh (--bind-addr \"\")",
                       {{"jwt_path", opts.jwt_path}});
   }
+  gid_t socket_gid = 0;
+  if (!opts.socket_group.empty()) {
+    const struct group* g = ::getgrnam(opts.socket_group.c_str());  // single-threaded here
+    if (g == nullptr)
+      return fail(kExitUsage, "--socket-group: no such group '" + opts.socket_group + "'");
+    socket_gid = g->gr_gid;
+  }
   const char* provider_env = std::getenv("COMPASS_SECRET_PROVIDER");
   const std::string provider = provider_env && *provider_env ? provider_env : "file";
   std::unique_ptr<samnode::Node> node;
@@ -127,6 +137,20 @@ int run(const Options& opts) {
           samnode::dispatch(*node, mcp, a2a, ops, req, out);
         },
         [&](std::string_view reason) { node->metrics.refusal(reason); });
+    if (!opts.socket_group.empty()) {
+      // The socket was made 0600; widened to the group only now, and only to it (the boxes
+      // that assert agents' identities run in it; sam-node itself runs as another user).
+      // chown only when needed: a unit whose primary group is already GROUP need not be
+      // allowed chown(2) at all (systemd's ~@privileged filter denies it).
+      struct stat st {};
+      if (::stat(opts.socket_path.c_str(), &st) != 0 ||
+          (st.st_gid != socket_gid &&
+           ::chown(opts.socket_path.c_str(), static_cast<uid_t>(-1), socket_gid) != 0) ||
+          ::chmod(opts.socket_path.c_str(), 0660) != 0) {
+        return fail(kExitFailure, "--socket-group " + opts.socket_group + ": cannot give " +
+                                      opts.socket_path + " to the group: " + std::strerror(errno));
+      }
+    }
     a2a.start();
     std::thread signals([&] {
       int sig = 0;
@@ -170,6 +194,9 @@ int main(int argc, char** argv) {
   cmd->add_option("--bind-addr", opts.bind_addr,
                   "mesh listener: only \"\" (not built) (default: \"\")")
       ->expected(0, 1);  // the seed writes `--bind-addr=`: an empty value
+  cmd->add_option("--socket-group", opts.socket_group,
+                  "also let this group's members connect (socket mode 0660; the node must be "
+                  "in the group) (default: none, mode 0600)");
   CLI::Option* jwt_path =
       cmd->add_option("--jwt-path", opts.jwt_path,
                       "the node's platform token file (seed 003's pod); checked readable, not used "

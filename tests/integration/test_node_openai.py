@@ -6,10 +6,12 @@ scripted model server on loopback. Also the a2a directory against a python card 
 
 import http.client
 import http.server
+import grp
 import json
 import os
 import pathlib
 import secrets
+import subprocess
 import threading
 
 import pytest
@@ -250,6 +252,39 @@ def test_config_that_is_not_a_file_exits_2_without_waiting(sam_node, kind, said)
     n.spawn()
     assert n.wait_exit() == 2
     assert f"config: cannot read {odd}: {said}" in n.stderr_text()
+
+
+def _connects_as_nobody(path):
+    probe = ("import socket,sys\ns=socket.socket(socket.AF_UNIX)\n"
+             "try:\n s.connect(sys.argv[1]); print('connected')\n"
+             "except OSError as e:\n print(type(e).__name__)\n")
+    r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                        "/usr/bin/python3", "-c", probe, path],
+                       capture_output=True, text=True, timeout=30)
+    return r.stdout.strip()
+
+
+def test_socket_group_lets_that_group_connect_and_no_one_else(sam_node):  # noqa: F811
+    """sam-node under its own user, boxes in a group: --socket-group makes the socket 0660 of
+    that group. Without it the socket is 0600: reaching it is a credential."""
+    n = sam_node({"version": "v1", "services": [], "roles": []}, metrics=False)
+    os.chmod(n.dir, 0o711)
+    st = os.stat(n.socket_path)
+    assert oct(st.st_mode & 0o777) == "0o600"
+    assert _connects_as_nobody(n.socket_path) == "PermissionError"
+    n.close()
+    group = grp.getgrgid(65534).gr_name  # nobody's own group
+    n = sam_node({"version": "v1", "services": [], "roles": []}, metrics=False,
+                 args=["--socket-group", group])
+    os.chmod(n.dir, 0o711)
+    st = os.stat(n.socket_path)
+    assert oct(st.st_mode & 0o777) == "0o660" and st.st_gid == 65534
+    assert _connects_as_nobody(n.socket_path) == "connected"
+    n2 = sam_node({"version": "v1", "services": [], "roles": []}, start=False,
+                  args=["--socket-group", "no-such-group-here"])
+    n2.spawn()
+    assert n2.wait_exit() == 2
+    assert "--socket-group: no such group 'no-such-group-here'" in n2.stderr_text()
 
 
 def test_missing_default_config_is_named(sam_node):  # noqa: F811

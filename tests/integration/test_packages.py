@@ -223,6 +223,8 @@ echo '== versions'
 {VERSIONS}
 echo '== user'
 getent passwd compass
+echo '== node user'
+getent passwd compass-node
 echo '== files'
 ls /lib/systemd/system/sam-node.service /lib/systemd/system/sam-box@.service \
    /etc/default/sam-node /etc/default/sam-box
@@ -263,6 +265,9 @@ def test_install_creates_the_service_user_units_conffiles_and_completions(apt_in
     user = apt_installed["user"].split(":")
     assert user[0] == "compass" and user[6].strip() == "/usr/sbin/nologin", user
     assert int(user[2]) < 1000, "compass must be a system user"
+    node = apt_installed["node user"].split(":")
+    assert node[0] == "compass-node" and node[3] == user[3], (node, user)  # primary group compass
+    assert int(node[2]) < 1000 and node[2] != user[2], (node, user)
     assert "No such file" not in apt_installed["files"], apt_installed["files"]
     conffiles = apt_installed["conffiles"]
     assert "/etc/default/sam-node" in conffiles and "/etc/default/sam-box" in conffiles
@@ -519,7 +524,9 @@ def exec_in(name, script):
 
 def test_units_start_as_compass_and_serve_the_agent(systemd_box):
     """`systemctl start` of both units, with the hardening of the packaged files: they run
-    as `compass`, their sockets are 0600 `compass`, and through the agent's socket the
+    as `compass-node` and `compass`, the node's socket is 0660 of group `compass` and the
+    box's 0600 `compass`, the box cannot read the node's environment (another user), and
+    through the agent's socket the
     node answers mesh.sam.alt for the bundle's agent, an allowed name is relayed (resolved
     from /etc/hosts, connected over TCP under the unit's restrictions), and a name off the
     allowlist is refused by the boundary."""
@@ -530,14 +537,18 @@ def test_units_start_as_compass_and_serve_the_agent(systemd_box):
     wait_for(lambda: exec_in(systemd_box, " && ".join(f"test -S {p}" for p in sockets.split()))
              .returncode == 0, timeout=30, what=sockets)
     r = exec_in(systemd_box, "systemctl is-active sam-node sam-box@researcher && "
-                             "ps -o user= -C sam-node,sam-box && "
-                             f"stat -c '%n %U %a' {sockets} && python3 /work/client.py")
+                             "ps -o user:16= -C sam-node,sam-box && "
+                             f"stat -c '%n %U %G %a' {sockets} && python3 /work/client.py && "
+                             "setpriv --reuid compass --regid compass --clear-groups "
+                             "cat /proc/$(pgrep -x sam-node)/environ >/dev/null 2>&1 "
+                             "|| echo node-environ-unreadable")
     out = r.stdout + r.stderr
     assert r.returncode == 0, out + exec_in(systemd_box, "journalctl --no-pager -n 50").stdout
-    assert out.count("active\n") == 2, out
-    assert r.stdout.split("\n")[2:4] == ["compass", "compass"], out
-    assert "/run/compass/sam-node.sock compass 600" in out
-    assert "/run/compass/agents/researcher.sock compass 600" in out
+    assert out.count("active\n") == 2, out + exec_in(systemd_box, "journalctl --no-pager -n 50").stdout
+    assert sorted(r.stdout.split("\n")[2:4]) == ["compass", "compass-node"], out
+    assert "/run/compass/sam-node.sock compass-node compass 660" in out
+    assert "/run/compass/agents/researcher.sock compass compass 600" in out
+    assert "node-environ-unreadable" in out, out
     assert "mesh.sam.alt:80 HTTP/1.1 200" in out, out
     assert '"id":"chat"' in out.replace(" ", ""), out
     assert "allowed.example:8080 HTTP/1.1 200" in out and "hello through the boundary" in out
