@@ -508,6 +508,15 @@ HttpServer::HttpServer(std::string socket_path, Handler handler, RefusalCounter 
       errno = EEXIST;
       failWith("exists and is not a socket");
     }
+    // A socket that answers is another live node's: replacing it would cut that node off.
+    const common::UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un to{};
+    to.sun_family = AF_UNIX;
+    std::memcpy(to.sun_path, im.path.data(), im.path.size());
+    if (probe.valid() && ::connect(probe.get(), reinterpret_cast<sockaddr*>(&to), sizeof to) == 0) {
+      errno = EADDRINUSE;
+      failWith("in use by another process");
+    }
     if (::unlink(im.path.c_str()) != 0) failWith("cannot remove the old socket");
   }
   im.listener.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));

@@ -137,6 +137,8 @@ int run(const Options& opts) {
           samnode::dispatch(*node, mcp, a2a, ops, req, out);
         },
         [&](std::string_view reason) { node->metrics.refusal(reason); });
+    struct stat ours {};  // our socket, to remove at the end only if it is still ours
+    ::stat(opts.socket_path.c_str(), &ours);
     if (!opts.socket_group.empty()) {
       // The socket was made 0600; widened to the group only now, and only to it (the boxes
       // that assert agents' identities run in it; sam-node itself runs as another user).
@@ -166,6 +168,12 @@ int run(const Options& opts) {
     // serve() also returns on an accept loop failure: wake the signal thread to end it.
     pthread_kill(signals.native_handle(), SIGTERM);
     signals.join();
+    // No socket file left behind: a later client would take it for a live node.
+    struct stat now {};
+    if (::stat(opts.socket_path.c_str(), &now) == 0 && now.st_ino == ours.st_ino &&
+        now.st_dev == ours.st_dev) {
+      ::unlink(opts.socket_path.c_str());
+    }
   } catch (const std::invalid_argument& e) {
     return fail(kExitUsage, e.what());
   } catch (const std::exception& e) {

@@ -287,6 +287,20 @@ def test_socket_group_lets_that_group_connect_and_no_one_else(sam_node):  # noqa
     assert "--socket-group: no such group 'no-such-group-here'" in n2.stderr_text()
 
 
+def test_a_live_nodes_socket_is_not_taken_and_a_stopped_node_removes_its_own(sam_node):  # noqa: F811,E501
+    first = sam_node({"version": "v1", "services": [], "roles": []}, metrics=False)
+    second = sam_node({"version": "v1", "services": [], "roles": []}, start=False,
+                      metrics=False)
+    second.args[second.args.index("--socket-path") + 1] = first.socket_path
+    second.spawn()
+    assert second.wait_exit() == 2 or second.proc.returncode != 0
+    assert "in use by another process" in second.stderr_text()
+    status, _, _ = first.request("GET", "/v1/models", agent="nobody.example")
+    assert status in (200, 403), status  # the first node still answers on its socket
+    assert first.stop() == 0
+    assert not os.path.exists(first.socket_path)
+
+
 def test_missing_default_config_is_named(sam_node):  # noqa: F811
     n = sam_node({"version": "v1", "services": [], "roles": []}, start=False)
     n.args = ["run", f"--socket-path={n.socket_path}", f"--data-dir={n.dir}"]
