@@ -124,6 +124,9 @@ set(CPACK_DEBIAN_COMPASS_RUNNER_PACKAGE_DEPENDS
     "sam-box (= ${compass_deb_version}), nano-init (= ${compass_deb_version})")
 set(CPACK_DEBIAN_COMPASS_RUNNER_PACKAGE_RECOMMENDS
     "podman, runc, conmon, uidmap, nftables, debootstrap")
+# The microvm tier's programs (its guest kernel is unpacked separately: docs/packages.md).
+set(CPACK_DEBIAN_COMPASS_RUNNER_PACKAGE_SUGGESTS
+    "qemu-system-x86, busybox-static, erofs-utils, binutils, linux-image-cloud-amd64")
 set(CPACK_DEBIAN_SAM_NODE_PACKAGE_SUGGESTS "compass-runner")
 set(CPACK_DEBIAN_SAM_BOX_PACKAGE_SUGGESTS "sam-node, nano-init")
 

@@ -308,9 +308,11 @@ GuestKernel findGuestKernel() {
     }
   }
   throw RunnerError("no guest kernel in " + k.dir +
-                    " (boot/vmlinuz-RELEASE and lib/modules/RELEASE/): run scripts/install-deps, "
-                    "which unpacks Debian's linux-image-cloud-amd64 there, or set "
-                    "COMPASS_GUEST_KERNEL to such a directory");
+                    " (boot/vmlinuz-RELEASE and lib/modules/RELEASE/): run scripts/install-deps "
+                    "from a checkout, which unpacks Debian's linux-image-cloud-amd64 there "
+                    "(`apt-get download` its linux-image-*-cloud-amd64 dependency, then "
+                    "`dpkg-deb -x PACKAGE.deb DIR`), or set COMPASS_GUEST_KERNEL to such a "
+                    "directory");
 }
 
 const std::vector<std::string>& guestModules() {
@@ -331,7 +333,7 @@ std::string findBusybox() {
   const std::string path = v != nullptr && *v != '\0' ? v : "/bin/busybox";
   if (::access(path.c_str(), X_OK) != 0) {
     throw RunnerError("busybox not found at " + path +
-                      " (install Debian's busybox-static: scripts/install-deps)");
+                      " (install Debian's busybox-static: apt-get install busybox-static)");
   }
   if (!isStaticElf(path)) {
     throw RunnerError(path +
