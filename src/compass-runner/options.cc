@@ -285,8 +285,9 @@ Command parseCommandLine(int argc, const char* const* argv) {
   ResizeOptions resize;
   std::string r_memory, r_cpus, r_pids;
   auto* resize_cmd = app.add_subcommand(
-      "resize", "Change a live agent's limits (podman only: the host tier has no cgroup, a "
-                "microVM's memory and vCPUs are fixed at boot)");
+      "resize",
+      "Change a live agent's limits (podman only: the host tier has no cgroup, a "
+      "microVM's memory and vCPUs are fixed at boot)");
   resize_cmd->add_option("id", resize.id, "Agent id, as `agents` lists it")->required();
   resize_cmd->add_option("--memory", r_memory,
                          "Memory limit in bytes, or with k/m/g suffix (default: unchanged)");
