@@ -174,10 +174,11 @@ class MicrovmBackend final : public Backend {
 
   void resize(const AgentRecord& rec, const Resources& r) override {
     (void)r;
-    throw RunnerError("agent " + rec.id +
-                      ": the microvm tier cannot change a running guest's limits: a VM's memory "
-                      "and vCPUs are fixed when it boots (no balloon or hotplug is wired). Start "
-                      "the agent again with the --memory/--cpus/--pids you want");
+    (void)rec;
+    throw RunnerError(
+        "the microvm tier cannot change a running guest's limits: a VM's memory "
+        "and vCPUs are fixed when it boots (no balloon or hotplug is wired). Start "
+        "the agent again with the --memory/--cpus/--pids you want");
   }
 
   void reap(const AgentRecord& rec) override { reapAgent(rec.id, rec.state_dir, rec.sam_box_pid); }

@@ -265,6 +265,7 @@ std::string formatJson(const std::vector<RosterEntry>& entries) {
         {"agent_id", e.rec.agent_id},
         {"runner_pid", e.rec.runner_pid},
         {"state_dir", e.rec.state_dir},
+        {"metrics_addr", e.rec.metrics_addr},
     });
   }
   return out.dump(2) + "\n";
@@ -291,6 +292,18 @@ int listAgents(const AgentsOptions& opts) {
   const auto entries = liveAgents();
   const std::string text = opts.json ? formatJson(entries) : formatTable(entries);
   std::fputs(text.c_str(), stdout);
+  // A killed runner's agent is not listed (it has no runner to answer for it), but what it
+  // left may still run: say so, on stderr, so that the table alone is never the whole story.
+  std::vector<std::string> dead;
+  for (const auto& rec : readRecords()) {
+    if (!runnerAlive(rec)) dead.push_back(rec.id);
+  }
+  if (!dead.empty()) {
+    std::string ids;
+    for (const auto& id : dead) ids += (ids.empty() ? "" : ", ") + id;
+    say("agents: " + std::to_string(dead.size()) + " agent(s) whose runner is gone (" + ids +
+        "); `compass-runner gc` removes what they left");
+  }
   return 0;
 }
 

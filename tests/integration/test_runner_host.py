@@ -484,6 +484,9 @@ def test_gc_removes_what_a_killed_runner_left(tmp_nobody, agents):
     assert a.state_dir.exists()
     assert all(e["id"] != a.id for e in roster(tmp_nobody))
     assert any(alive(p) for p in agent_pids)
+    # ...but `agents` says there is something to collect.
+    r = runner(["agents"], tmp_nobody)
+    assert r.returncode == 0 and a.id in r.stderr and "compass-runner gc" in r.stderr, r.stderr
 
     r = runner(["gc"], tmp_nobody)
     assert r.returncode == 0, r.stderr
