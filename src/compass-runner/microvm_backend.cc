@@ -156,8 +156,22 @@ class MicrovmBackend final : public Backend {
              ":\n" + tailOfFile(state_dir_ + "/" + kConsoleLog));
       }
     }
+    if (status == 128 + SIGKILL && !killed_ && consoleSaysOutOfMemory()) {
+      note("the guest ran out of memory and its kernel killed the agent (--memory " +
+           std::to_string(memory_mib_) +
+           " MiB; the agent's writes to its scratch root and /dev/shm are RAM too)");
+    }
     teardown();
     return status;
+  }
+
+  // The guest kernel's OOM killer says so on the console (before the state dir goes).
+  [[nodiscard]] bool consoleSaysOutOfMemory() const {
+    std::ifstream in(state_dir_ + "/" + kConsoleLog);
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("Out of memory: Killed process") != std::string::npos) return true;
+    }
+    return false;
   }
 
   void stop(std::chrono::milliseconds grace) override {
@@ -260,6 +274,7 @@ class MicrovmBackend final : public Backend {
     q.accel = accel_;
     q.kernel = kernel.vmlinuz;
     q.memory_mib = memoryMiB(spec);
+    memory_mib_ = q.memory_mib;
     q.cpus = spec.resources.cpus ? static_cast<int>(std::ceil(*spec.resources.cpus)) : 1;
     if (spec.resources.cpus && std::floor(*spec.resources.cpus) != *spec.resources.cpus) {
       note("microvm: a guest has whole vCPUs: --cpus " + std::to_string(*spec.resources.cpus) +
@@ -416,6 +431,7 @@ class MicrovmBackend final : public Backend {
   std::string metrics_addr_;
   Accel accel_ = Accel::kKvm;
   std::chrono::seconds boot_timeout_{30};
+  uint64_t memory_mib_ = 0;  ///< the guest's RAM (-m), for the out-of-memory note
   SamBoxProcess sam_box_;
   std::unique_ptr<ControlChannel> control_;
   pid_t qemu_pid_ = -1;

@@ -355,6 +355,13 @@ def test_memory_and_pids_bind_in_the_guest(probes):
     assert "Resource temporarily unavailable" in probes["fork_flood"]["error"], probes["fork_flood"]
 
 
+def test_a_guest_out_of_memory_is_said_not_just_137(image):
+    r = runner("run", *TCG, "--memory", "160m", "--", "python3", "-c",
+               "x = []\nwhile True: x.append(bytearray(8 << 20))", timeout=300)
+    assert r.returncode == 128 + signal.SIGKILL, (r.returncode, r.stderr)
+    assert "the guest ran out of memory" in r.stderr, r.stderr
+
+
 def test_exit_status_and_stdio_pass_through_and_the_console_stays_in_the_log(probes):
     run = probes["_run"]
     assert run["rc"] == 7, run
