@@ -325,15 +325,7 @@ class MicrovmBackend final : public Backend {
       qemu_fd_ = pidFd(qemu_pid_);
       running_ = true;
     }
-    undo_.emplace_back([this] {
-      std::lock_guard lock(stop_mutex_);
-      running_ = false;
-      if (qemu_pid_ > 0) {
-        signalPidFd(qemu_fd_.get(), SIGKILL);
-        waitExit(qemu_pid_);
-        qemu_pid_ = -1;
-      }
-    });
+    undo_.emplace_back([this] { killQemu(); });
   }
 
   // The guest's first line within the boot timeout ("boot"), then "up". A KVM guest that
@@ -412,7 +404,8 @@ class MicrovmBackend final : public Backend {
     undo_.clear();
   }
 
-  void teardown() noexcept {
+  // Marks the guest as not running (stop() then does nothing) and kills and reaps QEMU.
+  void killQemu() noexcept {
     {
       std::lock_guard lock(stop_mutex_);
       running_ = false;
@@ -422,6 +415,10 @@ class MicrovmBackend final : public Backend {
       waitExit(qemu_pid_);
       qemu_pid_ = -1;
     }
+  }
+
+  void teardown() noexcept {
+    killQemu();
     sam_box_.stop();
     undo_.clear();
     torn_down_ = true;

@@ -26,6 +26,25 @@ namespace fs = std::filesystem;
 
 constexpr size_t kMaxCpioName = 4096;
 
+// What both stages use, sourced by each (a builtin: no fork). $B is each stage's busybox.
+// die: says why on the console and, once the control port is fd 3, to the runner ("fail …"),
+// then powers the guest off. port: sets P to /dev/vportNpM of the port named $1.
+constexpr std::string_view kGuestLib = R"SH(# compass-runner microvm guest: shared by both stages.
+log() { read -r up _ < /proc/uptime; echo "compass-init: [$up] $*" > /dev/console; }
+die() {
+  echo "compass-init: FATAL: $*" > /dev/console
+  [ -e /proc/self/fd/3 ] && echo "fail $*" >&3
+  $B poweroff -f; $B reboot -f
+}
+port() {
+  for p in /sys/class/virtio-ports/*; do
+    n=; read -r n < "$p/name" 2>/dev/null
+    [ "$n" = "$1" ] && { P="/dev/${p##*/}"; return 0; }
+  done
+  return 1
+}
+)SH";
+
 // Stage 1: PID 1 in the initramfs. Every failure says why on the console and on the control
 // port ("fail …", which the runner shows), then powers the guest off.
 constexpr std::string_view kStage1 = R"SH(#!/bin/busybox sh
@@ -33,23 +52,11 @@ constexpr std::string_view kStage1 = R"SH(#!/bin/busybox sh
 # fork and exec, which costs ~30 ms under TCG: the mounts go in fstab files, the modules in one
 # modprobe, and the port lookups use shell builtins only.
 B=/bin/busybox
-die() {
-  echo "compass-init: FATAL: $*" > /dev/console
-  [ -e /proc/self/fd/3 ] && echo "fail $*" >&3
-  $B poweroff -f; $B reboot -f
-}
-log() { read -r up _ < /proc/uptime; echo "compass-init: [$up] $*" > /dev/console; }
+. /compass/lib.sh
 $B mount -a -T /etc/fstab.early
 log "stage 1: loading modules"
 read -r modules < /lib/modules/order
 $B modprobe -a $modules || die "modprobe $modules"
-port() {  # sets P to /dev/vportNpM of the port named $1
-  for p in /sys/class/virtio-ports/*; do
-    n=; read -r n < "$p/name" 2>/dev/null
-    [ "$n" = "$1" ] && { P="/dev/${p##*/}"; return 0; }
-  done
-  return 1
-}
 i=0
 until port compass.control && [ -c "$P" ] && [ -b /dev/vda ]; do
   i=$((i + 1)); [ $i -gt 2000 ] && die "no control port or /dev/vda after 20 s"
@@ -93,19 +100,7 @@ constexpr std::string_view kFstabNew =
 constexpr std::string_view kStage2 =
     R"SH(# compass-runner microvm guest, stage 2 (PID 1 in the agent's root).
 B=/.compass/busybox
-log() { read -r up _ < /proc/uptime; echo "compass-init: [$up] $*" > /dev/console; }
-die() {
-  echo "compass-init: FATAL: $*" > /dev/console
-  echo "fail $*" >&3
-  $B poweroff -f; $B reboot -f
-}
-port() {  # sets P to /dev/vportNpM of the port named $1
-  for p in /sys/class/virtio-ports/*; do
-    n=; read -r n < "$p/name" 2>/dev/null
-    [ "$n" = "$1" ] && { P="/dev/${p##*/}"; return 0; }
-  done
-  return 1
-}
+. /.compass/lib.sh
 . /.compass/agent.env || die "read agent.env"
 port compass.boundary && BOX=$P || die "no boundary port"
 port compass.stdout && OUT=$P || die "no stdout port"
@@ -370,11 +365,12 @@ std::string cacheDir() {
 std::string baseInitramfs(const GuestKernel& kernel, const std::string& nano_init,
                           const std::string& busybox, const std::string& cache_dir) {
   // kLayout changes whenever the archive's layout below does (the scripts are in the key).
-  constexpr const char* kLayout = "layout 4;";
+  constexpr const char* kLayout = "layout 5;";
   std::string key = kLayout + stamp(nano_init) + stamp(busybox) + stamp(kernel.vmlinuz);
   for (const auto& m : guestModules()) key += stamp(kernel.modules + "/" + m + ".ko");
-  key += std::string(kStage1) + std::string(kStage2) + std::string(kFstabEarly) +
-         std::string(kFstabRoot) + std::string(kFstabNew) + kernel.release;
+  key += std::string(kGuestLib) + std::string(kStage1) + std::string(kStage2) +
+         std::string(kFstabEarly) + std::string(kFstabRoot) + std::string(kFstabNew) +
+         kernel.release;
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016zx", std::hash<std::string>{}(key));
   const std::string path = cache_dir + "/initramfs-" + hex + ".cpio";
@@ -403,6 +399,7 @@ std::string baseInitramfs(const GuestKernel& kernel, const std::string& nano_ini
       {"compass", S_IFDIR | 0700, "", 0, 0},
       {"init", S_IFREG | 0755, std::string(kStage1), 0, 0},
       {"compass/stage2", S_IFREG | 0700, std::string(kStage2), 0, 0},
+      {"compass/lib.sh", S_IFREG | 0700, std::string(kGuestLib), 0, 0},
       // One busybox, reachable from the agent's root too (/.compass/busybox, stage 2).
       {"compass/busybox", S_IFREG | 0755, readFile(busybox), 0, 0},
       {"bin/busybox", S_IFLNK | 0777, "/compass/busybox", 0, 0},
