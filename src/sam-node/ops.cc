@@ -3,6 +3,7 @@
 // grants, logged with caller and decision, and counted.
 
 #include "common/log.h"
+#include "common/resolve.h"
 #include "common/unique_fd.h"
 #include "policy/address.h"
 #include "policy/name.h"
@@ -17,7 +18,6 @@
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <resolv.h>
 
 #include <algorithm>
 #include <cctype>
@@ -125,47 +125,20 @@ Destination parseDestination(const std::string& url) {
   return {*full, *scheme == "https", *name, static_cast<uint16_t>(port_number)};
 }
 
-/// getaddrinfo(3) with search domains off in this thread (as sam-box's resolver does): a
-/// grant names an absolute name, and "api" must never become "api.corp.internal".
-void disableSearchDomains() {
-  thread_local bool done = false;
-  if (done) return;
-  res_init();
-  _res.options &= ~static_cast<unsigned long>(RES_DNSRCH | RES_DEFNAMES);
-  done = true;
-}
-
 /// The A and AAAA addresses of `host` (a normalized name), as nsswitch.conf says (/etc/hosts,
-/// then DNS), de-duplicated in resolver order. Empty, with *why set, if it does not resolve.
+/// then DNS), de-duplicated in resolver order, without zone ids (they are pinned as text).
+/// Empty, with *why set, if it does not resolve.
 std::vector<asio::ip::address> resolveName(const std::string& host, std::string* why) {
-  disableSearchDomains();
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;  // one entry per address, not one per socket type
-  addrinfo* list = nullptr;
-  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &list);
-  if (rc != 0) {
-    *why = ::gai_strerror(rc);
+  const common::AddressLookup found = common::lookupAddresses(host);
+  if (found.gai_error != 0) {
+    *why = ::gai_strerror(found.gai_error);
     return {};
   }
   std::vector<asio::ip::address> out;
-  for (const addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
-    asio::ip::address addr;
-    if (ai->ai_family == AF_INET) {
-      asio::ip::address_v4::bytes_type b{};
-      std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in*>(ai->ai_addr)->sin_addr, b.size());
-      addr = asio::ip::address_v4(b);
-    } else if (ai->ai_family == AF_INET6) {
-      asio::ip::address_v6::bytes_type b{};
-      std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in6*>(ai->ai_addr)->sin6_addr,
-                  b.size());
-      addr = asio::ip::address_v6(b);
-    } else {
-      continue;
-    }
+  for (auto addr : found.addresses) {
+    if (addr.is_v6()) addr = asio::ip::address_v6(addr.to_v6().to_bytes());
     if (std::find(out.begin(), out.end(), addr) == out.end()) out.push_back(addr);
   }
-  ::freeaddrinfo(list);
   if (out.empty()) *why = "no IPv4 or IPv6 address";
   return out;
 }
