@@ -2,6 +2,7 @@
 
 #include "netstack/h2_connection.h"
 #include "netstack/log.h"
+#include "proto/http_syntax.h"
 #include "proto/tunnel_request.h"
 
 #include <fcntl.h>
@@ -18,40 +19,6 @@ namespace netstack {
 namespace {
 
 std::string errnoText(const std::string& call) { return call + ": " + std::strerror(errno); }
-
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) !=
-        std::tolower(static_cast<unsigned char>(b[i]))) {
-      return false;
-    }
-  }
-  return true;
-}
-
-const char* statusText(int status) {
-  switch (status) {
-    case 400:
-      return "Bad Request";
-    case 403:
-      return "Forbidden";
-    case 405:
-      return "Method Not Allowed";
-    case 421:
-      return "Misdirected Request";
-    case 431:
-      return "Request Header Fields Too Large";
-    case 502:
-      return "Bad Gateway";
-    case 503:
-      return "Service Unavailable";
-    case 504:
-      return "Gateway Timeout";
-    default:
-      return "Refused";
-  }
-}
 
 }  // namespace
 
@@ -81,7 +48,7 @@ std::optional<H2Request> h1RequestToH2(std::string_view head, std::string* error
   }
   std::string host;
   for (const auto& [name, value] : req.headers) {
-    if (iequals(name, "host")) host = value;
+    if (proto::equalsIgnoreCase(name, "host")) host = value;
   }
   if (host.empty()) host = req.authority;
   out.udp = true;
@@ -100,7 +67,9 @@ std::string h2ResponseToH1(int status, std::string_view reason, bool udp) {
     return "HTTP/1.1 200 Connection Established\r\n\r\n";
   }
   if (status < 100 || status > 599) status = 502;
-  std::string out = "HTTP/1.1 " + std::to_string(status) + " " + statusText(status) + "\r\n";
+  const std::string_view phrase = proto::reasonPhrase(status);
+  std::string out = "HTTP/1.1 " + std::to_string(status) + " " +
+                    std::string(phrase.empty() ? "Refused" : phrase) + "\r\n";
   if (!reason.empty()) {
     out += "Boundary-Reason: ";
     for (char c : reason.substr(0, 64)) out.push_back(c >= 0x20 && c < 0x7f ? c : '?');

@@ -55,29 +55,6 @@ bool percentDecode(std::string_view in, std::string* out) {
   return true;
 }
 
-const char* statusText(int code) {
-  switch (code) {
-    case 400:
-      return "Bad Request";
-    case 403:
-      return "Forbidden";
-    case 405:
-      return "Method Not Allowed";
-    case 408:
-      return "Request Timeout";
-    case 431:
-      return "Request Header Fields Too Large";
-    case 502:
-      return "Bad Gateway";
-    case 503:
-      return "Service Unavailable";
-    case 504:
-      return "Gateway Timeout";
-    default:
-      return "Error";
-  }
-}
-
 }  // namespace
 
 struct TunnelRequestParser::Llhttp {
@@ -204,9 +181,36 @@ bool connectUdpAuthority(std::string_view path, std::string* authority, std::str
   return true;
 }
 
+std::string_view reasonPhrase(int status) {
+  switch (status) {
+    case 400:
+      return "Bad Request";
+    case 403:
+      return "Forbidden";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 421:
+      return "Misdirected Request";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 502:
+      return "Bad Gateway";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    default:
+      return {};
+  }
+}
+
 std::string errorResponse(int code, std::string_view reason) {
-  std::string body = std::string(reason.empty() ? statusText(code) : reason) + "\n";
-  std::string out = "HTTP/1.1 " + std::to_string(code) + " " + statusText(code) + "\r\n";
+  std::string_view phrase = reasonPhrase(code);
+  if (phrase.empty()) phrase = "Error";
+  std::string body = std::string(reason.empty() ? phrase : reason) + "\n";
+  std::string out = "HTTP/1.1 " + std::to_string(code) + " " + std::string(phrase) + "\r\n";
   if (!reason.empty()) out += "Boundary-Reason: " + std::string(reason) + "\r\n";
   out += "Content-Type: text/plain\r\nContent-Length: " + std::to_string(body.size()) +
          "\r\nConnection: close\r\n\r\n" + body;

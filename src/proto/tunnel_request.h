@@ -73,6 +73,11 @@ class TunnelRequestParser {
 /// not follow the template or its percent-encoding is invalid.
 bool connectUdpAuthority(std::string_view path, std::string* authority, std::string* reason);
 
+/// The reason phrase for an HTTP status `status` (RFC 9110 §15), for the statuses the
+/// boundary and the sandbox's stack answer with: 400, 403, 405, 408, 421, 431, 502, 503 and
+/// 504. Returns an empty view for any other status; the caller picks its own fallback.
+std::string_view reasonPhrase(int status);
+
 /// A response head the boundary sends: status line, `Boundary-Reason` when `reason` is
 /// non-empty, Connection: close for errors, and an empty or short text body.
 /// `code` is an HTTP status (RFC 9110 §15).

@@ -115,5 +115,30 @@ TEST(TunnelRequestTest, ErrorResponseNamesTheReason) {
   EXPECT_NE(r.find("Connection: close"), std::string::npos);
 }
 
+TEST(TunnelRequestTest, ReasonPhrasesOfTheStatusesAnswered) {
+  EXPECT_EQ(reasonPhrase(400), "Bad Request");
+  EXPECT_EQ(reasonPhrase(403), "Forbidden");
+  EXPECT_EQ(reasonPhrase(405), "Method Not Allowed");
+  EXPECT_EQ(reasonPhrase(408), "Request Timeout");
+  EXPECT_EQ(reasonPhrase(421), "Misdirected Request");
+  EXPECT_EQ(reasonPhrase(431), "Request Header Fields Too Large");
+  EXPECT_EQ(reasonPhrase(502), "Bad Gateway");
+  EXPECT_EQ(reasonPhrase(503), "Service Unavailable");
+  EXPECT_EQ(reasonPhrase(504), "Gateway Timeout");
+  // Any other status has no phrase here: each caller supplies its own fallback.
+  EXPECT_TRUE(reasonPhrase(200).empty());
+  EXPECT_TRUE(reasonPhrase(404).empty());
+  EXPECT_TRUE(reasonPhrase(0).empty());
+  EXPECT_TRUE(reasonPhrase(-1).empty());
+}
+
+TEST(TunnelRequestTest, ErrorResponseFallsBackToErrorForUnlistedStatuses) {
+  const std::string r = errorResponse(418, "");
+  EXPECT_EQ(r.rfind("HTTP/1.1 418 Error\r\n", 0), 0u) << r;
+  EXPECT_TRUE(r.ends_with("\r\n\r\nError\n")) << r;
+  EXPECT_EQ(r.find("Boundary-Reason"), std::string::npos) << r;
+  EXPECT_EQ(errorResponse(408, "header-timeout").rfind("HTTP/1.1 408 Request Timeout\r\n", 0), 0u);
+}
+
 }  // namespace
 }  // namespace proto
