@@ -3,9 +3,13 @@
 #include <unistd.h>
 #include <asio/io_context.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "nano-init/caps.h"
 #include "nano-init/check.h"
@@ -70,6 +74,15 @@ struct Sandbox {
   return sb;
 }
 
+// The agent's process, just before exec: UID:GID if asked, then no capability at all.
+void spawnAgent(Supervisor& supervisor, const std::vector<std::string>& command,
+                const std::optional<std::pair<uint32_t, uint32_t>>& user) {
+  supervisor.spawn(command, [&user] {
+    if (user) caps::becomeUser(user->first, user->second);
+    caps::dropAll();
+  });
+}
+
 int run(const RunOptions& opts) {
 #if !NANO_INIT_HAVE_NETSTACK
   (void)opts;
@@ -90,10 +103,7 @@ int run(const RunOptions& opts) {
   net.ingress_socket = opts.ingress_socket;
   netstack::Stack stack(io, std::move(net));
   step("network stack", [&] { stack.start(); });
-  supervisor.spawn(opts.command, [&opts] {
-    if (opts.user) caps::becomeUser(opts.user->first, opts.user->second);
-    caps::dropAll();
-  });
+  spawnAgent(supervisor, opts.command, opts.user);
   int exit_code = 0;
   supervisor.start([&](int code) {
     exit_code = code;
@@ -103,6 +113,22 @@ int run(const RunOptions& opts) {
   io.run();
   return exit_code;
 #endif
+}
+
+// `nano-init supervise`: run()'s PID 1 duties and nothing else. No namespace, tun0, netstack or
+// resolv.conf: the sandbox's egress is held by other means (the microVM guest's nftables), so
+// this needs no network stack in the build.
+int supervise(const SuperviseOptions& opts) {
+  asio::io_context io;
+  Supervisor supervisor(io);
+  spawnAgent(supervisor, opts.command, opts.user);
+  int exit_code = 0;
+  supervisor.start([&](int code) {
+    exit_code = code;
+    io.stop();
+  });
+  io.run();
+  return exit_code;
 }
 
 }  // namespace
@@ -121,6 +147,7 @@ int main(int argc, char** argv) {
       copySelf(copy->dest);
       return 0;
     }
+    if (const auto* sup = std::get_if<SuperviseOptions>(&parsed)) return supervise(*sup);
     return run(std::get<RunOptions>(parsed));
   } catch (const std::exception& e) {
     // Fail closed: without every step the agent does not start.

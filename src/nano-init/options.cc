@@ -88,23 +88,46 @@ std::optional<Boundary> parseBoundary(const std::string& text, std::string* reas
 
 namespace {
 
-// Where CMD starts in `nano-init run [OPTIONS] BOUNDARY CMD…`: after the first word that is not
-// an option or an option's value. CLI11 sees only the words before it: its prefix_command()
-// still takes known options found after a positional, so `run BOUNDARY --help` would print
-// nano-init's help instead of running the agent's `--help`.
+// Where CMD starts: in `nano-init run [OPTIONS] BOUNDARY CMD…` after the first word that is not
+// an option or an option's value; in `nano-init supervise [OPTIONS] CMD…` at that word. CLI11
+// sees only the words before it: its prefix_command() still takes known options found after a
+// positional, so `run BOUNDARY --help` would print nano-init's help instead of running the
+// agent's `--help`.
 int commandStart(int argc, const char* const* argv) {
-  if (argc < 2 || std::string_view(argv[1]) != "run") return argc;
+  if (argc < 2) return argc;
+  const std::string_view sub = argv[1];
+  if (sub != "run" && sub != "supervise") return argc;
   for (int i = 2; i < argc; ++i) {
     const std::string_view word = argv[i];
-    if (word == "--ingress-socket" || word == "--user") {
+    if (word == "--user" || (sub == "run" && word == "--ingress-socket")) {
       ++i;  // its value
       continue;
     }
     if (word.starts_with("-")) continue;  // a flag, or --option=value
-    return i + 1;                         // argv[i] is BOUNDARY
+    // run: argv[i] is BOUNDARY; supervise: argv[i] is CMD.
+    return sub == "run" ? i + 1 : i;
   }
   return argc;
 }
+
+// --user UID:GID (run and supervise): decimal, each < 4294967295 (that is (uid_t)-1, "no
+// change" to setresuid). nullopt if malformed.
+std::optional<std::pair<uint32_t, uint32_t>> parseUser(std::string_view text) {
+  const size_t colon = text.find(':');
+  uint32_t uid = 0, gid = 0;
+  if (colon == std::string_view::npos || !parseU32(text.substr(0, colon), &uid) ||
+      !parseU32(text.substr(colon + 1), &gid) || uid == 0xFFFFFFFF || gid == 0xFFFFFFFF) {
+    return std::nullopt;
+  }
+  return std::make_pair(uid, gid);
+}
+
+std::string badUser(const char* sub, const std::string& text) {
+  return std::string(sub) + ": invalid --user '" + text + "': expected UID:GID, decimal numbers\n";
+}
+
+constexpr const char* kUserHelp =
+    "Run CMD as UID:GID (decimal) with no supplementary group (default: ours)";
 
 }  // namespace
 
@@ -123,13 +146,22 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
                       "Serve this Unix socket; each connection goes to 127.0.0.1:<port> inside "
                       "(default: none)");
   std::string user;
-  auto* user_opt = run_cmd->add_option(
-      "--user", user, "Run CMD as UID:GID (decimal) with no supplementary group (default: ours)");
+  auto* user_opt = run_cmd->add_option("--user", user, kUserHelp);
   run_cmd
       ->add_option("boundary", run.boundary,
                    "sam-box: a Unix socket path, vsock://CID:PORT, h2+unix://PATH or h2+dev://PATH")
       ->required();
   run_cmd->footer("CMD [ARGS…] follow BOUNDARY; everything after BOUNDARY is passed through.");
+
+  SuperviseOptions supervise;
+  auto* supervise_cmd = app.add_subcommand(
+      "supervise",
+      "Run CMD as PID 1's only child without any network set-up (the sandbox's egress is held "
+      "elsewhere): reaping, signals, exit status");
+  std::string supervise_user;
+  auto* supervise_user_opt = supervise_cmd->add_option("--user", supervise_user, kUserHelp);
+  supervise_cmd->footer(
+      "CMD [ARGS…] follow the options; everything from CMD on is passed through.");
 
   CopyOptions copy;
   auto* copy_cmd = app.add_subcommand("copy", "Copy this binary to DEST (mode 0755)");
@@ -150,17 +182,20 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
   }
   if (*copy_cmd) return copy;
   if (*check_cmd) return CheckOptions{};
+  if (*supervise_cmd) {
+    supervise.command.assign(argv + cmd_start, argv + argc);
+    if (supervise.command.empty()) return Exit{2, "supervise: CMD is required\n"};
+    if (supervise_user_opt->count() > 0) {
+      supervise.user = parseUser(supervise_user);
+      if (!supervise.user) return Exit{2, badUser("supervise", supervise_user)};
+    }
+    return supervise;
+  }
   run.command.assign(argv + cmd_start, argv + argc);
   if (run.command.empty()) return Exit{2, "run: CMD is required\n"};
   if (user_opt->count() > 0) {
-    const size_t colon = user.find(':');
-    uint32_t uid = 0, gid = 0;
-    if (colon == std::string::npos || !parseU32(std::string_view(user).substr(0, colon), &uid) ||
-        !parseU32(std::string_view(user).substr(colon + 1), &gid) || uid == 0xFFFFFFFF ||
-        gid == 0xFFFFFFFF) {
-      return Exit{2, "run: invalid --user '" + user + "': expected UID:GID, decimal numbers\n"};
-    }
-    run.user = std::make_pair(uid, gid);
+    run.user = parseUser(user);
+    if (!run.user) return Exit{2, badUser("run", user)};
   }
   std::string reason;
   if (!parseBoundary(run.boundary, &reason)) {

@@ -1,7 +1,9 @@
 #pragma once
 // The command line (issue 3 "Commands"):
 //   nano-init run [--create-namespaces] [--ingress-socket PATH] BOUNDARY CMD [ARGS…]
+//   nano-init supervise [--user UID:GID] CMD [ARGS…]
 //   nano-init copy DEST
+//   nano-init check
 // Parsing is pure so that tests can check every refusal.
 
 #include <cstdint>
@@ -42,6 +44,14 @@ struct RunOptions {
   std::vector<std::string> command;
 };
 
+/// `nano-init supervise`: PID 1 duties only (pid1.h), with no network set-up at all, for a
+/// sandbox whose egress is held by other means (the microVM tier's in-guest nftables).
+struct SuperviseOptions {
+  /// --user UID:GID, as for RunOptions::user.
+  std::optional<std::pair<uint32_t, uint32_t>> user;
+  std::vector<std::string> command;
+};
+
 struct CopyOptions {
   std::string dest;
 };
@@ -49,14 +59,15 @@ struct CopyOptions {
 /// `nano-init check` (check.h): no options.
 struct CheckOptions {};
 
-/// What main() should do after parsing: run, copy, or exit at once (help/version/errors)
-/// with `exit_code`, having printed `message` (to stdout if exit_code is 0, else stderr).
+/// What main() should do after parsing: run, supervise, copy, check, or exit at once
+/// (help/version/errors) with `exit_code`, having printed `message` (to stdout if exit_code is 0,
+/// else stderr).
 struct Exit {
   int exit_code = 0;
   std::string message;
 };
 
-using Parsed = std::variant<RunOptions, CopyOptions, CheckOptions, Exit>;
+using Parsed = std::variant<RunOptions, SuperviseOptions, CopyOptions, CheckOptions, Exit>;
 
 Parsed parseCommandLine(int argc, const char* const* argv);
 

@@ -143,14 +143,18 @@ def test_fixed_sets_complete_to_their_values(prog_, words, expect, empty_dir):
 
 
 def test_completion_after_the_agent_command_separator_is_the_agents(empty_dir):
-    """After `--` (compass-runner) or BOUNDARY (nano-init) the words are the agent's: no
-    runner flag is offered there."""
+    """After `--` (compass-runner), BOUNDARY (nano-init run) or CMD's first word (nano-init
+    supervise) the words are the agent's: no runner flag is offered there."""
     os.symlink("/bin/true", os.path.join(empty_dir, "some-agent-cmd"))
     try:
         assert complete("compass-runner", ["compass-runner", "run", "--", "some-agent"],
                         empty_dir) == ["some-agent-cmd"]
         assert complete("nano-init", ["nano-init", "run", "/run/b.sock", "some-agent"],
                         empty_dir) == ["some-agent-cmd"]
+        assert complete("nano-init", ["nano-init", "supervise", "--user", "1:1", "some-agent"],
+                        empty_dir) == ["some-agent-cmd"]
+        assert "--user" not in complete(
+            "nano-init", ["nano-init", "supervise", "sh", "--"], empty_dir)
         assert "--backend" not in complete(
             "compass-runner", ["compass-runner", "run", "--", "curl", "--"], empty_dir)
     finally:

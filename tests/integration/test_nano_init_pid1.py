@@ -1,5 +1,9 @@
 """nano-init as PID 1 (issue 3 "PID 1 duties"), with real processes, in PID and network
-namespaces created per test with unshare(1). No traffic leaves these namespaces."""
+namespaces created per test with unshare(1). No traffic leaves these namespaces.
+
+`nano-init supervise` (the microVM tier's PID 1, whose egress the guest's nftables hold) does
+the same duties with no network set-up at all, so its tests run it in the host's network
+namespace: it must touch no network there."""
 
 import os
 import signal
@@ -26,6 +30,7 @@ def test_help_and_version():
     assert r.returncode == 0 and r.stdout.startswith("nano-init "), r
     r = subprocess.run([str(NANO_INIT), "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "run" in r.stdout and "copy" in r.stdout
+    assert "supervise" in r.stdout
 
 
 def test_copy_makes_a_working_0755_copy(nano_tmp):
@@ -141,3 +146,123 @@ def test_sigterm_is_forwarded(nano, dummy_boundary, nano_tmp):
     finally:
         p.kill()
         p.wait()
+
+
+# ---------------------------------------------------------------------------------------
+# nano-init supervise: PID 1 duties, no network set-up (no namespace, tun0, netstack, resolv.conf)
+
+NOBODY = 65534
+
+
+def supervise_command(cmd, user=(NOBODY, NOBODY), pidns=False):
+    """argv that runs `nano-init supervise --user UID:GID CMD…` in the host's network namespace
+    (as PID 1 of a new PID namespace if pidns, else as a subreaper)."""
+    wrap = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"] if pidns else []
+    flags = ["--user", f"{user[0]}:{user[1]}"] if user else []
+    return [*wrap, str(NANO_INIT), "supervise", *flags, *cmd]
+
+
+def run_supervise(cmd, timeout=30, **kw):
+    return subprocess.run(supervise_command(cmd, **kw), capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def sup_dir(nano_tmp):
+    """A directory the agent (uid 65534) can write its pid and readiness files in."""
+    require_nano()
+    if os.geteuid() != 0:
+        pytest.skip("nano-init supervise --user needs root")
+    d = nano_tmp / "supervise"
+    d.mkdir()
+    os.chown(d, NOBODY, NOBODY)
+    return d
+
+
+def test_supervise_runs_the_agent_as_the_user_with_no_capability_or_group(sup_dir):
+    r = run_supervise(["sh", "-c", "grep -E '^(Uid|Gid|Groups|CapEff|CapPrm|CapInh|CapBnd|"
+                       "CapAmb|NoNewPrivs):' /proc/self/status"])
+    assert r.returncode == 0, r.stderr
+    fields = dict(line.split(":", 1) for line in r.stdout.splitlines() if line)
+    fields = {k: v.strip() for k, v in fields.items()}
+    assert fields["Uid"].split() == [str(NOBODY)] * 4, fields["Uid"]
+    assert fields["Gid"].split() == [str(NOBODY)] * 4, fields["Gid"]
+    assert fields["Groups"] == "", f"supplementary groups: {fields['Groups']!r}"
+    for key in ("CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb"):
+        assert int(fields[key], 16) == 0, f"{key} = {fields[key]}"
+    assert fields["NoNewPrivs"] == "1"
+
+
+def test_supervise_touches_no_network(sup_dir):
+    """Same network and mount namespaces as its launcher, no tun0 anywhere, resolv.conf as it
+    was: everything network is the launcher's (the guest's nftables), not nano-init's."""
+    before_links = set(os.listdir("/sys/class/net"))
+    before_resolv = open("/etc/resolv.conf").read() if os.path.exists("/etc/resolv.conf") else None
+    r = run_supervise(["sh", "-c", "readlink /proc/self/ns/net /proc/self/ns/mnt; "
+                       "ls /sys/class/net"])
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split()
+    assert lines[:2] == [os.readlink("/proc/self/ns/net"), os.readlink("/proc/self/ns/mnt")]
+    assert set(lines[2:]) == before_links  # no tun0 (nor any link) made
+    assert set(os.listdir("/sys/class/net")) == before_links
+    if before_resolv is not None:
+        assert open("/etc/resolv.conf").read() == before_resolv
+    assert r.stderr == "", r.stderr
+
+
+def test_supervise_exit_status_propagates(sup_dir):
+    assert run_supervise(["sh", "-c", "exit 7"]).returncode == 7
+    assert run_supervise(["true"]).returncode == 0
+    r = run_supervise(["sh", "-c", "kill -TERM $$"])
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr
+    assert run_supervise(["/nonexistent/agent"]).returncode == 127
+
+
+def test_supervise_passes_words_after_cmd_through(sup_dir):
+    r = run_supervise(["sh", "-c", 'echo "$@"', "sh", "--help", "--user", "0:0"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "--help --user 0:0\n"
+
+
+@pytest.mark.parametrize("pidns", [False, True], ids=["subreaper", "pid1"])
+def test_supervise_kills_setsid_orphans_and_returns_the_childs_status(sup_dir, pidns):
+    """The agent exits 5 leaving a setsid'd orphan that ignores SIGTERM: nano-init must kill it
+    (SIGKILL after the grace period), reap it, and then exit 5."""
+    pidfile = sup_dir / f"orphan-{'pid1' if pidns else 'subreaper'}.pid"
+    script = (f"setsid sh -c 'trap \"\" TERM; echo $$ > {pidfile}; "
+              "while :; do sleep 1; done' & "
+              f"while [ ! -s {pidfile} ]; do sleep 0.01; done; exit 5")
+    start = time.monotonic()
+    r = run_supervise(["sh", "-c", script], pidns=pidns)
+    assert r.returncode == 5, r.stderr
+    assert time.monotonic() - start < 10
+    if not pidns:  # its pid is ours too: it must be gone, not a zombie
+        pid = int(pidfile.read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_supervise_forwards_sigterm(sup_dir):
+    ready = sup_dir / "sigterm-ready"
+    script = f"touch {ready}; while :; do sleep 0.05; done"
+    p = subprocess.Popen(supervise_command(["sh", "-c", script]), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        boxlib.wait_for(ready.exists, timeout=10, what="the agent to start")
+        p.send_signal(signal.SIGTERM)  # p is nano-init itself here (no unshare)
+        assert p.wait(timeout=10) == 128 + signal.SIGTERM
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_supervise_refuses_bad_usage(sup_dir):
+    marker = sup_dir / "must-not-exist"
+    for args in (["supervise"], ["supervise", "--user", "65534", "touch", str(marker)],
+                 ["supervise", "--user", "x:1", "touch", str(marker)],
+                 ["supervise", "--user", "1:1"]):
+        r = subprocess.run([str(NANO_INIT), *args], capture_output=True, text=True, timeout=30,
+                           stdin=subprocess.DEVNULL)
+        assert r.returncode == 2, (args, r)
+        assert r.stderr, args
+    assert not marker.exists()

@@ -53,6 +53,67 @@ TEST(OptionsTest, RunWithoutCommandOrBoundaryIsRefused) {
   }
 }
 
+TEST(OptionsTest, SuperviseTakesUserAndTheCommandFromItsFirstWord) {
+  auto p = parse({"supervise", "--user", "1000:1001", "sh", "-c", "exit 3"});
+  const auto* sup = std::get_if<SuperviseOptions>(&p);
+  ASSERT_NE(sup, nullptr);
+  ASSERT_TRUE(sup->user.has_value());
+  EXPECT_EQ(sup->user->first, 1000u);
+  EXPECT_EQ(sup->user->second, 1001u);
+  EXPECT_EQ(sup->command, (std::vector<std::string>{"sh", "-c", "exit 3"}));
+  p = parse({"supervise", "--user=0:0", "id"});
+  sup = std::get_if<SuperviseOptions>(&p);
+  ASSERT_NE(sup, nullptr);
+  ASSERT_TRUE(sup->user.has_value());
+  EXPECT_EQ(*sup->user, std::make_pair(0u, 0u));
+  EXPECT_EQ(sup->command, (std::vector<std::string>{"id"}));
+  p = parse({"supervise", "/bin/true"});  // no --user: nano-init's own ids
+  sup = std::get_if<SuperviseOptions>(&p);
+  ASSERT_NE(sup, nullptr);
+  EXPECT_FALSE(sup->user.has_value());
+  EXPECT_EQ(sup->command, (std::vector<std::string>{"/bin/true"}));
+}
+
+TEST(OptionsTest, SuperviseCommandWordsThatLookLikeOurOptionsAreTheCommands) {
+  // No BOUNDARY here: CMD's own --help and --user are the agent's from CMD on.
+  auto p = parse({"supervise", "--user", "1:1", "sh", "-c", "x", "--help", "--user", "0:0"});
+  const auto* sup = std::get_if<SuperviseOptions>(&p);
+  ASSERT_NE(sup, nullptr);
+  EXPECT_EQ(*sup->user, std::make_pair(1u, 1u));
+  EXPECT_EQ(sup->command, (std::vector<std::string>{"sh", "-c", "x", "--help", "--user", "0:0"}));
+  p = parse({"supervise", "--help"});  // no CMD: nano-init's own help
+  ASSERT_NE(std::get_if<Exit>(&p), nullptr);
+  EXPECT_EQ(std::get<Exit>(p).exit_code, 0);
+  EXPECT_NE(std::get<Exit>(p).message.find("--user"), std::string::npos);
+}
+
+TEST(OptionsTest, SuperviseRefusesABadUserOrNoCommand) {
+  for (const char* bad : {"1000", "1000:", ":1000", "a:b", "1:2:3", "-1:0", "4294967295:0",
+                          "0:4294967295", "99999999999:0", ""}) {
+    const auto p = parse({"supervise", "--user", bad, "true"});
+    const auto* exit = std::get_if<Exit>(&p);
+    ASSERT_NE(exit, nullptr) << bad;
+    EXPECT_EQ(exit->exit_code, 2) << bad;
+    EXPECT_NE(exit->message.find("--user"), std::string::npos) << bad;
+  }
+  // The same rule for run (one shared parser).
+  auto p = parse({"run", "--user", "1000", "/run/agent.sock", "true"});
+  ASSERT_NE(std::get_if<Exit>(&p), nullptr);
+  EXPECT_EQ(std::get<Exit>(p).exit_code, 2);
+  for (auto args : {std::vector<const char*>{"supervise"},
+                    std::vector<const char*>{"supervise", "--user", "1:1"},
+                    std::vector<const char*>{"supervise", "--user"},
+                    std::vector<const char*>{"supervise", "--bogus", "true"}}) {
+    p = parse(args);
+    const auto* exit = std::get_if<Exit>(&p);
+    ASSERT_NE(exit, nullptr) << args.size();
+    EXPECT_EQ(exit->exit_code, 2) << args.size();
+    EXPECT_FALSE(exit->message.empty());
+  }
+  p = parse({"supervise", "--user", "1:1"});
+  EXPECT_NE(std::get<Exit>(p).message.find("CMD is required"), std::string::npos);
+}
+
 TEST(OptionsTest, CopyHelpVersion) {
   auto p = parse({"copy", "/tmp/x"});
   ASSERT_NE(std::get_if<CopyOptions>(&p), nullptr);
