@@ -73,12 +73,12 @@ class HostAddresses {
   std::chrono::steady_clock::time_point read_at_{};
 };
 
-// Adds answered addresses to the netns's sets. Elements already added are not sent again, so
-// a busy name costs one `nft` run per new address, not per query.
+// Adds answered addresses to the sandbox's sets through `apply` (nft in the netns, or the
+// guest's control port). Elements already added are not sent again, so a busy name costs one
+// batch per new address, not per query.
 class Admitter {
  public:
-  Admitter(std::string id, std::string netns_path)
-      : id_(std::move(id)), netns_path_(std::move(netns_path)) {}
+  Admitter(std::string id, ApplyFn apply) : id_(std::move(id)), apply_(std::move(apply)) {}
 
   bool admit(const std::vector<AllowElement>& elements) {
     std::lock_guard lock(mu_);
@@ -92,14 +92,9 @@ class Admitter {
                         {{"agent", id_}, {"reason", "set-full"}, {"limit", kMaxSetElements}});
       return false;
     }
-    const CommandResult r =
-        runCommand({"nft", "-f", "-"}, addElementsBatch(fresh), kNftTimeout, netns_path_);
-    if (r.status != 0) {
-      common::log::error("egress firewall: nft add element failed",
-                         {{"agent", id_},
-                          {"reason", "admit-failed"},
-                          {"status", r.status},
-                          {"stderr", r.err.substr(0, 512)}});
+    if (!apply_(addElementsBatch(fresh))) {
+      common::log::error("egress firewall: adding set elements failed",
+                         {{"agent", id_}, {"reason", "admit-failed"}});
       return false;
     }
     for (auto& e : fresh) done_.push_back(std::move(e));
@@ -114,10 +109,22 @@ class Admitter {
   }
 
   std::string id_;
-  std::string netns_path_;
+  ApplyFn apply_;
   std::mutex mu_;
   std::vector<AllowElement> done_;
 };
+
+// `nft -f -` in the netns at `ns_path`; its error is logged.
+ApplyFn netnsApply(const std::string& id, const std::string& ns_path) {
+  return [id, ns_path](const std::string& batch) {
+    const CommandResult r = runCommand({"nft", "-f", "-"}, batch, kNftTimeout, ns_path);
+    if (r.status != 0) {
+      common::log::error("egress firewall: nft add element failed",
+                         {{"agent", id}, {"status", r.status}, {"stderr", r.err.substr(0, 512)}});
+    }
+    return r.status == 0;
+  };
+}
 
 class FirewallEgress final : public Egress {
  public:
@@ -128,6 +135,7 @@ class FirewallEgress final : public Egress {
   [[nodiscard]] std::string resolverAddress() const override { return net_.host4; }
   [[nodiscard]] std::string resolverAddress6() const override { return net_.host6; }
   [[nodiscard]] std::string hostVeth() const override { return hostVethName(id_); }
+  [[nodiscard]] const Addressing& addressing() const override { return net_; }
 
   void teardown() noexcept override {
     // Newest first: the forwarder stops admitting, then the veth (and with it the only way out
@@ -164,6 +172,7 @@ class FirewallEgress final : public Egress {
     }
   }
 
+  // The podman tier: the netns is the sandbox (addresses, routes, ruleset).
   void arm(const policy::Allowlist& allow) {
     const std::string ns_path = netnsPath(netns_name_);
     // Held until the slot's addresses are on the host end: they are what marks it taken.
@@ -211,10 +220,52 @@ class FirewallEgress final : public Egress {
       }
     }
     if (failed) std::rethrow_exception(failed);
+    startForwarder(allow, netnsApply(id_, ns_path));
+    // Seed 000: "DNS is allowlisted first, then names are resolved from inside the sandbox":
+    // the ruleset above holds the DNS rule, and each name's A (over IPv4) and AAAA (over IPv6)
+    // query now goes from the netns through it to the forwarder, which opens what it answers.
+    step("pre-resolve", [&] { preResolve(allow, ns_path); });
+    logArmed();
+  }
+
+  // A microVM guest: the netns only bridges the veth to the guest's tap; the guest holds the
+  // addresses and the ruleset, and `apply` reaches its sets.
+  void armForGuest(const policy::Allowlist& allow, const std::string& tap, ApplyFn apply) {
+    const std::string ns_path = netnsPath(netns_name_);
+    std::optional<SlotLock> lock;
+    step("subnet", [&] {
+      lock.emplace();
+      net_ = allocateSubnet(*lock);
+    });
+    undo_.emplace_back("host nat", [this] { return removeHostNat(id_); });
+    undo_.emplace_back("veth", [this] { return removeVeth(id_); });
+    auto host_nat = std::async(std::launch::async,
+                               [&] { named("host nat", [&] { installHostNat(id_, net_); }); });
+    std::exception_ptr failed;
+    try {
+      named("veth", [&] { createVeth(id_, netns_name_, net_); });
+      lock.reset();
+      named("bridge", [&] { bridgeToTap(ns_path, tap); });
+      named("forwarding", [] { enableForwarding(); });
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    try {
+      host_nat.get();
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+    }
+    if (failed) std::rethrow_exception(failed);
+    startForwarder(allow, std::move(apply));
+    logArmed();
+  }
+
+ private:
+  void startForwarder(const policy::Allowlist& allow, ApplyFn apply) {
     step(
         "dns forwarder",
         [&] {
-          auto admitter = std::make_shared<Admitter>(id_, ns_path);
+          auto admitter = std::make_shared<Admitter>(id_, std::move(apply));
           auto local = std::make_shared<HostAddresses>();
           ForwarderConfig cfg;
           cfg.id = id_;
@@ -229,10 +280,9 @@ class FirewallEgress final : public Egress {
           if (forwarder_) forwarder_->stop();
           return true;
         });
-    // Seed 000: "DNS is allowlisted first, then names are resolved from inside the sandbox":
-    // the ruleset above holds the DNS rule, and each name's A (over IPv4) and AAAA (over IPv6)
-    // query now goes from the netns through it to the forwarder, which opens what it answers.
-    step("pre-resolve", [&] { preResolve(allow, ns_path); });
+  }
+
+  void logArmed() const {
     common::log::info("egress firewall armed", {{"agent", id_},
                                                 {"veth", hostVeth()},
                                                 {"resolver", net_.host4},
@@ -240,7 +290,6 @@ class FirewallEgress final : public Egress {
                                                 {"slot", net_.slot}});
   }
 
- private:
   static bool removeSandboxTable(const std::string& ns_path) {
     if (!std::filesystem::exists(ns_path)) return true;
     const auto table = std::string(kEgressTable);
@@ -322,8 +371,11 @@ class FirewallEgress final : public Egress {
 
 }  // namespace
 
-std::unique_ptr<Egress> arm(const std::string& id, const std::string& netns_name,
-                            const std::vector<std::string>& allow) {
+namespace {
+
+// The checks both arm functions make before anything is created.
+policy::Allowlist checkedAllowlist(const std::string& id, const std::string& netns_name,
+                                   const std::vector<std::string>& allow) {
   checkId(id);
   policy::Allowlist list;
   for (const auto& entry : allow) {
@@ -336,9 +388,36 @@ std::unique_ptr<Egress> arm(const std::string& id, const std::string& netns_name
   if (!std::filesystem::exists(netnsPath(netns_name))) {
     throw RunnerError("egress firewall: netns " + netnsPath(netns_name) + " does not exist");
   }
+  return list;
+}
+
+}  // namespace
+
+std::unique_ptr<Egress> arm(const std::string& id, const std::string& netns_name,
+                            const std::vector<std::string>& allow) {
+  const policy::Allowlist list = checkedAllowlist(id, netns_name, allow);
   auto egress = std::make_unique<FirewallEgress>(id, netns_name);
   try {
     egress->arm(list);
+  } catch (...) {
+    egress->teardown();
+    throw;
+  }
+  return egress;
+}
+
+std::unique_ptr<Egress> armForGuest(const std::string& id, const std::string& netns_name,
+                                    const std::vector<std::string>& allow, const std::string& tap,
+                                    ApplyFn apply) {
+  const policy::Allowlist list = checkedAllowlist(id, netns_name, allow);
+  if (tap.empty() || tap.size() > 15 ||
+      tap.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789") != std::string::npos) {
+    throw RunnerError("egress firewall: tap name \"" + tap + "\": expected 1..15 of [a-z0-9]");
+  }
+  if (!apply) throw RunnerError("egress firewall: no way to reach the guest's ruleset");
+  auto egress = std::make_unique<FirewallEgress>(id, netns_name);
+  try {
+    egress->armForGuest(list, tap, std::move(apply));
   } catch (...) {
     egress->teardown();
     throw;

@@ -4,9 +4,12 @@
 // allowed names, and the default-deny `inet` ruleset armed in the netns before the agent
 // starts. The netns itself (its creation and removal) belongs to the caller.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "compass-runner/ruleset.h"
 
 namespace runner::firewall {
 
@@ -23,6 +26,9 @@ class Egress {
   [[nodiscard]] virtual std::string resolverAddress6() const = 0;
   /// The host-side veth name (for the roster and gc).
   [[nodiscard]] virtual std::string hostVeth() const = 0;
+  /// The agent's slot and its addresses (ruleset.h); armForGuest() callers give the sandbox
+  /// ends and the resolver to the guest.
+  [[nodiscard]] virtual const Addressing& addressing() const = 0;
   /// Removes everything arm() made. Idempotent; never throws.
   virtual void teardown() noexcept = 0;
 };
@@ -38,6 +44,26 @@ class Egress {
 /// processes are gone (the veth goes first, so no path out remains while the ruleset goes).
 std::unique_ptr<Egress> arm(const std::string& id, const std::string& netns_name,
                             const std::vector<std::string>& allow);
+
+/// Applies one batch of `add element` commands (addElementsBatch(), one command per line) to
+/// wherever the sandbox's ruleset lives; returns true once the elements are in its sets. Called
+/// from the DNS forwarder's worker threads, one batch at a time per agent.
+using ApplyFn = std::function<bool(const std::string& batch)>;
+
+/// Egress `firewall` for a microVM guest (issue 5): the same subnet, veth (host `cv<id>`,
+/// sandbox end `eth0` in the netns), host table and DNS forwarder as arm(), but the netns
+/// `netns_name` (already created, holding only lo) gets no address, route or ruleset: a
+/// bridge `br0` joins its eth0 to a new tap device `tap` (1..15 bytes of [a-z0-9], for QEMU's
+/// `-netdev tap,ifname=`), so the guest's NIC sits on the sandbox's /30 and /64. The guest
+/// carries the sandbox addresses of addressing() and arms sandboxRuleset() itself before its
+/// agent runs (seed 002: "armed in-guest by the backend"); the forwarder hands each new batch of
+/// elements it opens to `apply` (required), which must reach the guest's sets. Steps, in order:
+/// subnet, veth, bridge, forwarding, host nat, dns forwarder. No pre-resolve here: the guest
+/// resolves its allowed names through the forwarder once its ruleset allows DNS. Throws
+/// RunnerError("egress firewall: <step>: <reason>"); on throw nothing is left.
+std::unique_ptr<Egress> armForGuest(const std::string& id, const std::string& netns_name,
+                                    const std::vector<std::string>& allow, const std::string& tap,
+                                    ApplyFn apply);
 
 /// For gc: removes the host-side state (veth, NAT rules) a dead runner left for `id`.
 /// Idempotent; never throws.

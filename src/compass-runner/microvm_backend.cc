@@ -19,17 +19,21 @@
 #include <set>
 
 #include "compass-runner/backend.h"
+#include "compass-runner/firewall.h"
 #include "compass-runner/image.h"
 #include "compass-runner/microvm_control.h"
+#include "compass-runner/microvm_egress.h"
 #include "compass-runner/microvm_initramfs.h"
 #include "compass-runner/microvm_qemu.h"
 #include "compass-runner/microvm_reap.h"
 #include "compass-runner/microvm_rootfs.h"
+#include "compass-runner/netns.h"
 #include "compass-runner/podman_backend.h"
 #include "compass-runner/podman_conf.h"
 #include "compass-runner/process.h"
 #include "compass-runner/sam_box_process.h"
 #include "compass-runner/state.h"
+#include "policy/allowlist.h"
 
 namespace runner {
 namespace microvm {
@@ -79,11 +83,10 @@ class MicrovmBackend final : public Backend {
           "system and runs QEMU with /dev/kvm); the agent itself runs as uid 1000 in the guest");
     }
     if (spec.command.empty()) throw RunnerError("no command to run");
-    if (posture(spec) == Posture::kFirewall) {
+    if (posture(spec) == Posture::kFirewall && !spec.sidecar_socket.empty()) {
       throw RunnerError(
-          "--egress firewall: not built yet for the microvm tier (it needs a virtio-net device "
-          "on a tap in a per-agent netns and the ruleset armed inside the guest); use --egress "
-          "boundary (the default), or --backend podman --egress firewall");
+          "--sidecar-socket: egress firewall has no boundary to reach the node through "
+          "(mesh.sam.alt is served by sam-box); use --egress boundary (the default)");
     }
     if (memoryMiB(spec) < kMinMemoryMiB) {
       throw RunnerError("--memory: a microVM guest needs at least " +
@@ -122,6 +125,11 @@ class MicrovmBackend final : public Backend {
   void describe(AgentRecord& rec) const override {
     rec.sam_box_pid = sam_box_.pid();
     rec.metrics_addr = metrics_addr_;
+    if (egress_) {
+      rec.netns = netns_;
+      rec.veth = egress_->hostVeth();
+      rec.egress_armed_in_guest = armed_in_guest_;
+    }
   }
 
   int wait() override {
@@ -130,6 +138,7 @@ class MicrovmBackend final : public Backend {
     while (!reported) {
       const ControlEvent e = control_->next(qemu_fd_.get(), std::nullopt);
       if (e.kind != ControlEvent::Kind::kLine) break;
+      if (guest_ruleset_ && guest_ruleset_->onLine(e.line)) continue;
       if (e.line.rfind("exit ", 0) == 0) {
         try {
           status = std::stoi(e.line.substr(5));
@@ -195,7 +204,14 @@ class MicrovmBackend final : public Backend {
         "the agent again with the --memory/--cpus/--pids you want");
   }
 
-  void reap(const AgentRecord& rec) override { reapAgent(rec.id, rec.state_dir, rec.sam_box_pid); }
+  void reap(const AgentRecord& rec) override {
+    reapAgent(rec.id, rec.state_dir, rec.sam_box_pid);
+    if (!rec.netns.empty() || rec.posture == postureName(Posture::kFirewall)) {
+      firewall::reap(rec.id);
+      const std::string ns = rec.netns.empty() ? netns::nameFor(rec.id) : rec.netns;
+      if (!netns::remove(ns)) note("gc: could not remove netns " + ns);
+    }
+  }
 
   void reapOrphans(const std::vector<std::string>& live_ids) override {
     reapOrphanGuests(stateRoot("microvm"), live_ids);
@@ -203,6 +219,7 @@ class MicrovmBackend final : public Backend {
 
  private:
   static constexpr int kExitCannotStartStatus = 70;
+  static constexpr const char* kTapName = "tap0";
 
   static void validateSidecar(const AgentSpec& spec) {
     if (spec.sidecar_socket.empty()) return;
@@ -242,9 +259,32 @@ class MicrovmBackend final : public Backend {
       note("microvm: --accel tcg: the guest runs under software emulation (slow; meant for tests)");
     }
 
-    // The boundary first: it starts while the root image and initramfs are prepared.
-    step("sam-box", [&] { spawnSamBox(spec, sam_box_bin, socket); });
-    undo_.emplace_back([this] { sam_box_.stop(); });
+    const bool firewall = posture(spec) == Posture::kFirewall;
+    std::string fw_layer;
+    if (firewall) {
+      // The netns and its bridge to the guest's tap, the host table and the DNS forwarder; the
+      // guest arms the ruleset itself (stage 1), before its agent exists.
+      netns_ = netns::nameFor(spec.id);
+      step("netns", [&] { netns::create(netns_); });
+      undo_.emplace_back([this] {
+        if (!netns::remove(netns_)) note("could not remove netns " + netns_);
+      });
+      step("firewall layer", [&] { fw_layer = firewallLayer(kernel, "nft", cache); });
+      step("control socket", [&] {
+        control_ = std::make_unique<ControlChannel>(spec.state_dir + "/" + kControlFile);
+      });
+      guest_ruleset_ = std::make_unique<GuestRuleset>(*control_);
+      step("egress firewall", [&] {
+        egress_ = firewall::armForGuest(
+            spec.id, netns_, spec.egress_allow, kTapName,
+            [ruleset = guest_ruleset_.get()](const std::string& b) { return ruleset->apply(b); });
+      });
+      undo_.emplace_back([this] { egress_->teardown(); });
+    } else {
+      // The boundary first: it starts while the root image and initramfs are prepared.
+      step("sam-box", [&] { spawnSamBox(spec, sam_box_bin, socket); });
+      undo_.emplace_back([this] { sam_box_.stop(); });
+    }
 
     step("root image", [&] {
       if (!spec.rootfs.empty()) {
@@ -265,11 +305,15 @@ class MicrovmBackend final : public Backend {
       agent.workdir = spec.workdir.empty() ? "/" : spec.workdir;
       agent.pids = spec.resources.pids;
       agent.command = spec.command;
+      if (firewall) agent.firewall = guestFirewall(spec);
       q.initrd = spec.state_dir + "/" + kInitrdFile;
-      writeAgentInitramfs(baseInitramfs(kernel, nano_init_bin, busybox, cache), agent, q.initrd);
+      std::vector<std::string> layers;
+      if (!fw_layer.empty()) layers.push_back(fw_layer);
+      writeAgentInitramfs(baseInitramfs(kernel, nano_init_bin, busybox, cache), layers, agent,
+                          q.initrd);
     });
 
-    step("sam-box", [&] { sam_box_.waitReady(kSamBoxStartTimeout); });
+    if (!firewall) step("sam-box", [&] { sam_box_.waitReady(kSamBoxStartTimeout); });
 
     q.accel = accel_;
     q.kernel = kernel.vmlinuz;
@@ -282,11 +326,18 @@ class MicrovmBackend final : public Backend {
     }
     q.console_log = spec.state_dir + "/" + kConsoleLog;
     q.control_socket = spec.state_dir + "/" + kControlFile;
-    q.boundary_socket = socket;
+    if (firewall) {
+      q.tap = kTapName;
+    } else {
+      q.boundary_socket = socket;
+    }
     q.pidfile = spec.state_dir + "/" + kPidFile;
 
-    step("control socket", [&] { control_ = std::make_unique<ControlChannel>(q.control_socket); });
-    step("qemu", [&] { spawnQemu(q); });
+    if (!control_) {
+      step("control socket",
+           [&] { control_ = std::make_unique<ControlChannel>(q.control_socket); });
+    }
+    step("qemu", [&] { spawnQemu(q, firewall ? netns::pathOf(netns_) : ""); });
     writeInfo(q);
     step("guest boot", [&] { awaitGuest(); });
     started_ = true;
@@ -300,7 +351,27 @@ class MicrovmBackend final : public Backend {
     sam_box_.spawn(o);
   }
 
-  void spawnQemu(const QemuConfig& q) {
+  // What stage 1 arms and stage 2 uses (microvm_initramfs.h GuestFirewall).
+  GuestFirewall guestFirewall(const AgentSpec& spec) const {
+    const firewall::Addressing& net = egress_->addressing();
+    GuestFirewall fw;
+    fw.ruleset = firewall::sandboxRuleset(net, {});
+    fw.address4 = net.sandbox4 + "/30";
+    fw.address6 = net.sandbox6 + "/64";
+    fw.gateway4 = net.host4;
+    fw.gateway6 = net.host6;
+    for (const auto& entry : spec.egress_allow) {
+      const policy::AllowRule rule = policy::parseAllowRule(entry);  // checked by armForGuest()
+      if (rule.wildcard) continue;  // `*.x` names are opened when the agent asks for them
+      if (std::find(fw.preresolve.begin(), fw.preresolve.end(), rule.name) == fw.preresolve.end()) {
+        fw.preresolve.push_back(rule.name);
+      }
+    }
+    return fw;
+  }
+
+  // QEMU runs in `netns_path` when given (egress firewall: its tap is there).
+  void spawnQemu(const QemuConfig& q, const std::string& netns_path) {
     // The agent's stdout and stderr: the runner's own descriptors, passed as fd 3 and 4.
     SpawnOptions s;
     QemuConfig cfg = q;
@@ -315,6 +386,7 @@ class MicrovmBackend final : public Backend {
     }
     s.argv = qemuArgv(cfg);
     s.cwd = state_dir_;
+    s.netns_path = netns_path;
     // stdout/stderr are the runner's: QEMU's own messages, and the agent's ports
     // (/proc/self/fd/1 and 2 in QEMU). Its own session: Ctrl-C reaches the runner only.
     s.new_session = true;
@@ -348,8 +420,22 @@ class MicrovmBackend final : public Backend {
     while (true) {
       const ControlEvent e = control_->next(qemu_fd_.get(), left());
       if (e.kind == ControlEvent::Kind::kLine) {
+        if (guest_ruleset_ && guest_ruleset_->onLine(e.line)) continue;
         if (e.line == "boot") booted = true;
-        if (e.line == "up") return;
+        if (e.line == "armed" && egress_) {
+          armed_in_guest_ = true;
+          const firewall::Addressing& net = egress_->addressing();
+          note("microvm: egress firewall armed in the guest (table inet " +
+               std::string(firewall::kEgressTable) + ", default drop; resolver " + net.host4 +
+               " and " + net.host6 + " on " + egress_->hostVeth() + ")");
+        }
+        if (e.line == "up") {
+          // Fail closed: with egress firewall the agent starts only behind an armed ruleset.
+          if (egress_ && !armed_in_guest_) {
+            throw RunnerError("the guest started without arming its egress ruleset");
+          }
+          return;
+        }
         if (e.line.rfind("fail ", 0) == 0) {
           // The state dir goes with the failed start: quote the console, not its path.
           throw RunnerError("the guest's launch step failed: " + e.line.substr(5) +
@@ -394,6 +480,7 @@ class MicrovmBackend final : public Backend {
   }
 
   void runUndos() noexcept {
+    if (guest_ruleset_) guest_ruleset_->close();  // no forwarder thread waits on a dead guest
     for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) {
       try {
         (*it)();
@@ -418,8 +505,11 @@ class MicrovmBackend final : public Backend {
   }
 
   void teardown() noexcept {
+    if (guest_ruleset_) guest_ruleset_->close();
     killQemu();
     sam_box_.stop();
+    if (egress_) egress_->teardown();
+    if (!netns_.empty() && !netns::remove(netns_)) note("could not remove netns " + netns_);
     undo_.clear();
     torn_down_ = true;
   }
@@ -431,6 +521,10 @@ class MicrovmBackend final : public Backend {
   uint64_t memory_mib_ = 0;  ///< the guest's RAM (-m), for the out-of-memory note
   SamBoxProcess sam_box_;
   std::unique_ptr<ControlChannel> control_;
+  std::unique_ptr<GuestRuleset> guest_ruleset_;  ///< egress firewall: the guest's sets
+  std::unique_ptr<firewall::Egress> egress_;     ///< egress firewall: veth, host table, forwarder
+  std::string netns_;                            ///< egress firewall: QEMU's netns
+  bool armed_in_guest_ = false;                  ///< the guest said "armed"
   pid_t qemu_pid_ = -1;
   common::UniqueFd qemu_fd_;
   bool started_ = false;

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <mutex>
 
 #include "compass-runner/backend.h"
 #include "compass-runner/process.h"
@@ -56,8 +57,10 @@ bool ControlChannel::accept(int process, std::chrono::milliseconds timeout) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
     if (fds[0].revents & POLLIN) {
-      conn_.reset(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-      if (conn_.valid()) {
+      common::UniqueFd conn(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (conn.valid()) {
+        std::lock_guard lock(send_mu_);
+        conn_ = std::move(conn);
         listener_.reset();  // one guest, one connection
         return true;
       }
@@ -101,11 +104,23 @@ ControlEvent ControlChannel::next(int process, std::optional<std::chrono::millis
   }
 }
 
-bool ControlChannel::sendStop() {
+bool ControlChannel::sendStop() { return sendLine("stop"); }
+
+bool ControlChannel::sendLine(const std::string& line) {
+  if (line.find('\n') != std::string::npos || line.size() > kMaxSendLine) return false;
+  const std::string data = line + "\n";
+  std::lock_guard lock(send_mu_);
   if (!conn_.valid()) return false;
-  static constexpr char kStop[] = "stop\n";
-  return ::send(conn_.get(), kStop, sizeof kStop - 1, MSG_NOSIGNAL) ==
-         static_cast<ssize_t>(sizeof kStop - 1);
+  size_t done = 0;
+  while (done < data.size()) {
+    // MSG_DONTWAIT: a guest that stopped reading fails the send instead of hanging the caller.
+    const ssize_t n =
+        ::send(conn_.get(), data.data() + done, data.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
 }
 
 bool signalPidFd(int pidfd, int sig) {

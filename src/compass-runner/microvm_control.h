@@ -3,11 +3,14 @@
 // the runner listens on and QEMU connects to. The guest's launch step (microvm_initramfs.h)
 // writes one line per event — "boot" (stage 1 runs), "up" (nano-init is being started),
 // "exit N" (the agent's status), "fail REASON" (the launch step gave up) — and reads "stop"
-// (SIGTERM to the agent through nano-init).
+// (SIGTERM to the agent through nano-init). With egress `firewall` the guest also says "armed"
+// (its ruleset is loaded and checked), and reads "allow SEQ BATCH" (nft commands, separated by
+// ';') and answers "allowed SEQ STATUS" (microvm_egress.h).
 
 #include <sys/types.h>
 
 #include <chrono>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -41,8 +44,17 @@ class ControlChannel {
   /// Writes "stop\n" to the guest (from any thread). False if the connection is gone.
   bool sendStop();
 
+  /// Writes `line` and a '\n' to the guest (from any thread; lines never interleave). False if
+  /// the guest is not connected, its socket buffer is full, or `line` holds a '\n' or is longer
+  /// than kMaxSendLine bytes.
+  bool sendLine(const std::string& line);
+
+  /// Longest line sendLine() writes (the guest's shell reads each line whole).
+  static constexpr size_t kMaxSendLine = 64 * 1024;
+
  private:
   common::UniqueFd listener_;
+  std::mutex send_mu_;  // guards conn_'s assignment against senders on other threads
   common::UniqueFd conn_;
   std::string buffer_;
   bool eof_ = false;

@@ -17,6 +17,7 @@
 
 #include "common/unique_fd.h"
 #include "compass-runner/backend.h"
+#include "compass-runner/microvm_guest_scripts.h"
 #include "compass-runner/process.h"
 
 namespace runner::microvm {
@@ -25,114 +26,8 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr size_t kMaxCpioName = 4096;
-
-// What both stages use, sourced by each (a builtin: no fork). $B is each stage's busybox.
-// die: says why on the console and, once the control port is fd 3, to the runner ("fail …"),
-// then powers the guest off. port: sets P to /dev/vportNpM of the port named $1.
-constexpr std::string_view kGuestLib = R"SH(# compass-runner microvm guest: shared by both stages.
-log() { read -r up _ < /proc/uptime; echo "compass-init: [$up] $*" > /dev/console; }
-die() {
-  echo "compass-init: FATAL: $*" > /dev/console
-  [ -e /proc/self/fd/3 ] && echo "fail $*" >&3
-  $B poweroff -f; $B reboot -f
-}
-port() {
-  for p in /sys/class/virtio-ports/*; do
-    n=; read -r n < "$p/name" 2>/dev/null
-    [ "$n" = "$1" ] && { P="/dev/${p##*/}"; return 0; }
-  done
-  return 1
-}
-)SH";
-
-// Stage 1: PID 1 in the initramfs. Every failure says why on the console and on the control
-// port ("fail …", which the runner shows), then powers the guest off.
-constexpr std::string_view kStage1 = R"SH(#!/bin/busybox sh
-# compass-runner microvm guest, stage 1 (PID 1 in the initramfs). Every external command is a
-# fork and exec, which costs ~30 ms under TCG: the mounts go in fstab files, the modules in one
-# modprobe, and the port lookups use shell builtins only.
-B=/bin/busybox
-. /compass/lib.sh
-$B mount -a -T /etc/fstab.early
-log "stage 1: loading modules"
-read -r modules < /lib/modules/order
-$B modprobe -a $modules || die "modprobe $modules"
-i=0
-until port compass.control && [ -c "$P" ] && [ -b /dev/vda ]; do
-  i=$((i + 1)); [ $i -gt 2000 ] && die "no control port or /dev/vda after 20 s"
-  $B usleep 10000
-done
-exec 3<>"$P" || die "open $P"
-echo boot >&3
-log "stage 1: mounting the root"
-$B mkdir /rw/upper /rw/work /dev/pts /dev/shm || die "mkdir in the scratch tmpfs and /dev"
-$B mount -a -T /etc/fstab.root || die "mount the root (erofs on /dev/vda, tmpfs overlay)"
-$B mkdir -p -m 0700 /newroot/.compass /newroot/dev /newroot/proc /newroot/sys ||
-  die "make the mount points in the root"
-$B mount -a -T /etc/fstab.new || die "mount /dev, /proc, /sys and the launch step in the root"
-cd /newroot || die "cd /newroot"
-# switch_root without emptying the initramfs (/.compass is a bind of its /compass, and stays
-# out of the agent's reach: 0700 root).
-$B mount --move . / || die "move the root to /"
-exec $B chroot . /.compass/busybox sh /.compass/stage2
-)SH";
-
-// Mount tables for stage 1's `mount -a -T` (one process per table, not per mount).
-constexpr std::string_view kFstabEarly =
-    "proc /proc proc nosuid,nodev,noexec 0 0\n"
-    "sysfs /sys sysfs nosuid,nodev,noexec 0 0\n"
-    "devtmpfs /dev devtmpfs nosuid 0 0\n"
-    "scratch /rw tmpfs mode=0755 0 0\n";
-constexpr std::string_view kFstabRoot =
-    "/dev/vda /lower erofs ro,nodev 0 0\n"
-    "root /newroot overlay nodev,lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work 0 0\n";
-// New proc and sysfs instances in the root (busybox's `mount -a` does not do MS_MOVE), the one
-// devtmpfs again, and the launch step bound at /.compass.
-constexpr std::string_view kFstabNew =
-    "proc /newroot/proc proc nosuid,nodev,noexec 0 0\n"
-    "sysfs /newroot/sys sysfs nosuid,nodev,noexec 0 0\n"
-    "devtmpfs /newroot/dev devtmpfs nosuid 0 0\n"
-    "devpts /newroot/dev/pts devpts newinstance,ptmxmode=0666,mode=0620,nosuid,noexec 0 0\n"
-    "shm /newroot/dev/shm tmpfs mode=1777,nosuid,nodev 0 0\n"
-    "/compass /newroot/.compass none bind 0 0\n";
-
-// Stage 2: PID 1 in the agent's root (fd 3 = the control port, kept across the chroot).
-constexpr std::string_view kStage2 =
-    R"SH(# compass-runner microvm guest, stage 2 (PID 1 in the agent's root).
-B=/.compass/busybox
-. /.compass/lib.sh
-. /.compass/agent.env || die "read agent.env"
-port compass.boundary && BOX=$P || die "no boundary port"
-port compass.stdout && OUT=$P || die "no stdout port"
-port compass.stderr && ERR=$P || die "no stderr port"
-$B rm -f /etc/resolv.conf
-echo "nameserver 100.127.255.253" > /etc/resolv.conf || die "write /etc/resolv.conf"
-$B chmod 0600 /dev/net/tun || die "chmod /dev/net/tun"
-HOME=/
-while IFS=: read -r _ _ uid _ _ home _; do
-  [ "$uid" = "$COMPASS_UID" ] && { [ -d "$home" ] && HOME=$home; break; }
-done < /etc/passwd
-export HOME PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-if [ -n "$COMPASS_PIDS" ]; then ulimit -u "$COMPASS_PIDS" || die "ulimit -u $COMPASS_PIDS"; fi
-cd "$COMPASS_WORKDIR" || die "--workdir $COMPASS_WORKDIR: no such directory in the root"
-USER_IDS="$COMPASS_UID:$COMPASS_GID"
-unset COMPASS_UID COMPASS_GID COMPASS_PIDS COMPASS_WORKDIR n p P i
-log "stage 2: starting nano-init as $USER_IDS"
-echo up >&3
-# The agent gets no user namespaces (an unprivileged way to the kernel's whole surface).
-echo 0 > /proc/sys/user/max_user_namespaces || die "user.max_user_namespaces=0"
-# 3>&-: the control port stays with this script; the agent must not report its own status.
-/.compass/nano-init run --user "$USER_IDS" "h2+dev://$BOX" "$@" </dev/null >"$OUT" 2>"$ERR" 3>&- &
-pid=$!
-while read -r cmd; do [ "$cmd" = stop ] && kill -TERM $pid; done <&3 &
-wait $pid
-rc=$?
-log "stage 2: the agent exited with status $rc; powering off"
-echo "exit $rc" >&3
-$B sync
-$B poweroff -f
-$B reboot -f
-)SH";
+// Changes whenever the firewall layer's layout does.
+constexpr const char* kFirewallLayout = "firewall layout 1;";
 
 std::string readFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -222,6 +117,95 @@ std::string strippedNanoInit(const std::string& nano_init, const std::string& ca
   return readFile(nano_init);
 }
 
+// The cache file for `key` under `cache_dir`: PREFIX + a hash of the key + ".cpio". An existing
+// one is touched (in use: keep it younger than writeCached()'s clean-up).
+std::string cachedPath(const std::string& cache_dir, const char* prefix, const std::string& key) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016zx", std::hash<std::string>{}(key));
+  const std::string path = cache_dir + "/" + prefix + hex + ".cpio";
+  if (::access(path.c_str(), R_OK) == 0) ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);
+  return path;
+}
+
+// Writes `archive` to `path`, then removes older archives of the same prefix (another
+// nano-init, kernel or layout) once nothing can be copying them.
+void writeCached(const std::string& cache_dir, const char* prefix, const std::string& path,
+                 const std::string& archive) {
+  writeFileAtomically(path, archive, 0600);
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  for (const auto& f : fs::directory_iterator(cache_dir, ec)) {
+    const std::string name = f.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && f.path() != path &&
+        now - fs::last_write_time(f.path(), ec) > std::chrono::minutes(10)) {
+      fs::remove(f.path(), ec);
+    }
+  }
+}
+
+// Adds the .ko files of `copy` flat in lib/modules/RELEASE/, and the order file and a
+// modules.dep naming no dependencies for `order`: modprobe -a loads them in the order given,
+// which is their dependency order.
+void addModules(std::vector<CpioEntry>& e, const GuestKernel& kernel,
+                const std::vector<std::string>& copy, const std::vector<std::string>& order) {
+  for (const auto& m : copy) {
+    e.push_back({"lib/modules/" + kernel.release + "/" + fs::path(m).filename().string() + ".ko",
+                 S_IFREG | 0644, readFile(kernel.modules + "/" + m + ".ko"), 0, 0});
+  }
+  std::string names, dep;
+  for (const auto& m : order) {
+    const std::string name = fs::path(m).filename().string();
+    names += (names.empty() ? "" : " ") + name;
+    dep += name + ".ko:\n";
+  }
+  e.push_back({"lib/modules/order", S_IFREG | 0644, names + "\n", 0, 0});
+  e.push_back({"lib/modules/" + kernel.release + "/modules.dep", S_IFREG | 0644, dep, 0, 0});
+}
+
+// `nft` as given if it has a slash, else found on PATH or in /usr/sbin and /sbin.
+std::string findNft(const std::string& nft) {
+  std::vector<std::string> candidates;
+  if (nft.find('/') != std::string::npos) {
+    candidates.push_back(nft);
+  } else {
+    const char* path = std::getenv("PATH");
+    std::string dirs = std::string(path != nullptr ? path : "") + ":/usr/sbin:/sbin";
+    for (size_t start = 0; start <= dirs.size();) {
+      const size_t end = std::min(dirs.find(':', start), dirs.size());
+      if (end > start) candidates.push_back(dirs.substr(start, end - start) + "/" + nft);
+      start = end + 1;
+    }
+  }
+  for (const auto& c : candidates) {
+    if (::access(c.c_str(), X_OK) == 0) return c;
+  }
+  throw RunnerError(
+      "--egress firewall in the microvm tier needs nft on the host, copied into the "
+      "guest (apt-get install nftables)");
+}
+
+// The shared libraries `binary` loads, as (name in the guest, host path), from ldd(1); the
+// dynamic loader is named "ld.so". Throws RunnerError if ldd fails or names no loader.
+std::vector<std::pair<std::string, std::string>> sharedLibraries(const std::string& binary) {
+  const CommandResult r = runCommand({"ldd", binary}, "", std::chrono::seconds(30));
+  if (r.status != 0) throw RunnerError("ldd " + binary + " failed: " + r.err);
+  std::vector<std::pair<std::string, std::string>> libs;
+  bool loader = false;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::string first, arrow, target;
+    words >> first >> arrow >> target;
+    if (arrow == "=>" && target.starts_with("/")) {
+      libs.emplace_back(first, target);
+    } else if (first.starts_with("/")) {
+      libs.emplace_back("ld.so", first);
+      loader = true;
+    }
+  }
+  if (!loader) throw RunnerError("ldd " + binary + " names no dynamic loader");
+  return libs;
+}
 }  // namespace
 
 std::string cpioArchive(const std::vector<CpioEntry>& entries) {
@@ -270,13 +254,44 @@ std::string agentEnv(const GuestAgent& agent) {
   return env + "\n";
 }
 
-std::string agentCpio(const GuestAgent& agent) {
-  return cpioArchive({{"compass", S_IFDIR | 0700, "", 0, 0},
-                      {"compass/agent.env", S_IFREG | 0600, agentEnv(agent), 0, 0}});
+namespace {
+
+// Firewall fields go into a file both stages source: only the characters their kind needs.
+void checkChars(const char* field, const std::string& value, std::string_view allowed) {
+  if (value.empty() || value.find_first_not_of(allowed) != std::string::npos) {
+    throw RunnerError(std::string("microvm firewall: ") + field + " \"" + value +
+                      "\": unexpected character");
+  }
 }
 
-std::string_view stage1Script() { return kStage1; }
-std::string_view stage2Script() { return kStage2; }
+std::string firewallEnv(const GuestFirewall& fw) {
+  constexpr std::string_view kAddress = "0123456789abcdef.:/";
+  checkChars("address4", fw.address4, kAddress);
+  checkChars("address6", fw.address6, kAddress);
+  checkChars("gateway4", fw.gateway4, kAddress);
+  checkChars("gateway6", fw.gateway6, kAddress);
+  std::string names;
+  for (const auto& n : fw.preresolve) {
+    checkChars("allowed name", n, "abcdefghijklmnopqrstuvwxyz0123456789.-");
+    names += (names.empty() ? "" : " ") + n;
+  }
+  return "FW_ADDR4=" + fw.address4 + "\nFW_ADDR6=" + fw.address6 + "\nFW_GW4=" + fw.gateway4 +
+         "\nFW_GW6=" + fw.gateway6 + "\nFW_PRERESOLVE=" + shellQuote(names) + "\n";
+}
+
+}  // namespace
+
+std::string agentCpio(const GuestAgent& agent) {
+  std::vector<CpioEntry> e = {{"compass", S_IFDIR | 0700, "", 0, 0}};
+  std::string env = agentEnv(agent);
+  if (agent.firewall) {
+    env += "COMPASS_EGRESS=firewall\n";
+    e.push_back({"compass/firewall.env", S_IFREG | 0600, firewallEnv(*agent.firewall), 0, 0});
+    e.push_back({"compass/firewall.nft", S_IFREG | 0600, agent.firewall->ruleset, 0, 0});
+  }
+  e.push_back({"compass/agent.env", S_IFREG | 0600, env, 0, 0});
+  return cpioArchive(e);
+}
 
 std::string guestKernelDir() {
   const char* v = std::getenv("COMPASS_GUEST_KERNEL");
@@ -365,20 +380,14 @@ std::string cacheDir() {
 std::string baseInitramfs(const GuestKernel& kernel, const std::string& nano_init,
                           const std::string& busybox, const std::string& cache_dir) {
   // kLayout changes whenever the archive's layout below does (the scripts are in the key).
-  constexpr const char* kLayout = "layout 5;";
+  constexpr const char* kLayout = "layout 6;";
   std::string key = kLayout + stamp(nano_init) + stamp(busybox) + stamp(kernel.vmlinuz);
   for (const auto& m : guestModules()) key += stamp(kernel.modules + "/" + m + ".ko");
-  key += std::string(kGuestLib) + std::string(kStage1) + std::string(kStage2) +
-         std::string(kFstabEarly) + std::string(kFstabRoot) + std::string(kFstabNew) +
+  key += std::string(guestLibScript()) + std::string(stage1Script()) + std::string(stage2Script()) +
+         std::string(fstabEarly()) + std::string(fstabRoot()) + std::string(fstabNew()) +
          kernel.release;
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016zx", std::hash<std::string>{}(key));
-  const std::string path = cache_dir + "/initramfs-" + hex + ".cpio";
-  if (::access(path.c_str(), R_OK) == 0) {
-    // In use: keep it younger than the clean-up below, whichever runner does that.
-    ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);
-    return path;
-  }
+  const std::string path = cachedPath(cache_dir, "initramfs-", key);
+  if (!path.empty() && ::access(path.c_str(), R_OK) == 0) return path;
 
   std::vector<CpioEntry> e = {
       {"bin", S_IFDIR | 0755, "", 0, 0},
@@ -390,53 +399,77 @@ std::string baseInitramfs(const GuestKernel& kernel, const std::string& nano_ini
       {"lib/modules", S_IFDIR | 0755, "", 0, 0},
       {"lib/modules/" + kernel.release, S_IFDIR | 0755, "", 0, 0},
       {"etc", S_IFDIR | 0755, "", 0, 0},
-      {"etc/fstab.early", S_IFREG | 0644, std::string(kFstabEarly), 0, 0},
-      {"etc/fstab.root", S_IFREG | 0644, std::string(kFstabRoot), 0, 0},
-      {"etc/fstab.new", S_IFREG | 0644, std::string(kFstabNew), 0, 0},
+      {"etc/fstab.early", S_IFREG | 0644, std::string(fstabEarly()), 0, 0},
+      {"etc/fstab.root", S_IFREG | 0644, std::string(fstabRoot()), 0, 0},
+      {"etc/fstab.new", S_IFREG | 0644, std::string(fstabNew()), 0, 0},
       {"lower", S_IFDIR | 0755, "", 0, 0},
       {"rw", S_IFDIR | 0755, "", 0, 0},
       {"newroot", S_IFDIR | 0755, "", 0, 0},
       {"compass", S_IFDIR | 0700, "", 0, 0},
-      {"init", S_IFREG | 0755, std::string(kStage1), 0, 0},
-      {"compass/stage2", S_IFREG | 0700, std::string(kStage2), 0, 0},
-      {"compass/lib.sh", S_IFREG | 0700, std::string(kGuestLib), 0, 0},
+      {"init", S_IFREG | 0755, std::string(stage1Script()), 0, 0},
+      {"compass/stage2", S_IFREG | 0700, std::string(stage2Script()), 0, 0},
+      {"compass/lib.sh", S_IFREG | 0700, std::string(guestLibScript()), 0, 0},
       // One busybox, reachable from the agent's root too (/.compass/busybox, stage 2).
       {"compass/busybox", S_IFREG | 0755, readFile(busybox), 0, 0},
       {"bin/busybox", S_IFLNK | 0777, "/compass/busybox", 0, 0},
       {"compass/nano-init", S_IFREG | 0755, strippedNanoInit(nano_init, cache_dir), 0, 0},
   };
-  // Flat in lib/modules/RELEASE/, with a modules.dep naming no dependencies: modprobe -a
-  // loads them in the order given, which is their dependency order.
-  std::string order, dep;
-  for (const auto& m : guestModules()) {
-    const std::string name = fs::path(m).filename().string();
-    e.push_back({"lib/modules/" + kernel.release + "/" + name + ".ko", S_IFREG | 0644,
-                 readFile(kernel.modules + "/" + m + ".ko"), 0, 0});
-    order += (order.empty() ? "" : " ") + name;
-    dep += name + ".ko:\n";
-  }
-  e.push_back({"lib/modules/order", S_IFREG | 0644, order + "\n", 0, 0});
-  e.push_back({"lib/modules/" + kernel.release + "/modules.dep", S_IFREG | 0644, dep, 0, 0});
-  writeFileAtomically(path, cpioArchive(e), 0600);
-  // Older bases (another nano-init, kernel or layout) go once nothing can be copying them.
-  std::error_code ec;
-  const auto now = fs::file_time_type::clock::now();
-  for (const auto& f : fs::directory_iterator(cache_dir, ec)) {
-    const std::string name = f.path().filename().string();
-    if (name.rfind("initramfs-", 0) == 0 && f.path() != path &&
-        now - fs::last_write_time(f.path(), ec) > std::chrono::minutes(10)) {
-      fs::remove(f.path(), ec);
-    }
-  }
+  addModules(e, kernel, guestModules(), guestModules());
+  writeCached(cache_dir, "initramfs-", path, cpioArchive(e));
   return path;
 }
 
-void writeAgentInitramfs(const std::string& base, const GuestAgent& agent, const std::string& out) {
+const std::vector<std::string>& firewallModules() {
+  static const std::vector<std::string> kModules = {"net/core/failover",
+                                                    "drivers/net/net_failover",
+                                                    "drivers/net/virtio_net",
+                                                    "net/netfilter/nfnetlink",
+                                                    "net/netfilter/nf_tables",
+                                                    "net/ipv4/netfilter/nf_defrag_ipv4",
+                                                    "net/ipv6/netfilter/nf_defrag_ipv6",
+                                                    "net/netfilter/nf_conntrack",
+                                                    "net/netfilter/nft_ct",
+                                                    "net/ipv4/netfilter/nf_reject_ipv4",
+                                                    "net/ipv6/netfilter/nf_reject_ipv6",
+                                                    "net/netfilter/nft_reject",
+                                                    "net/netfilter/nft_reject_inet"};
+  return kModules;
+}
+
+std::string firewallLayer(const GuestKernel& kernel, const std::string& nft,
+                          const std::string& cache_dir) {
+  const std::string nft_path = findNft(nft);
+  const auto libs = sharedLibraries(nft_path);
+  std::string key = std::string(kFirewallLayout) + stamp(nft_path) + kernel.release;
+  for (const auto& [name, lib] : libs) key += name + "=" + stamp(lib);
+  for (const auto& m : firewallModules()) key += stamp(kernel.modules + "/" + m + ".ko");
+  const std::string path = cachedPath(cache_dir, "fwlayer-", key);
+  if (::access(path.c_str(), R_OK) == 0) return path;
+
+  std::vector<CpioEntry> e = {{"compass", S_IFDIR | 0700, "", 0, 0},
+                              {"compass/nft", S_IFDIR | 0700, "", 0, 0},
+                              {"compass/nft/nft", S_IFREG | 0700, readFile(nft_path), 0, 0}};
+  for (const auto& [name, lib] : libs) {
+    e.push_back({"compass/nft/" + name, S_IFREG | 0700, readFile(lib), 0, 0});
+  }
+  std::vector<std::string> all = guestModules();
+  all.insert(all.end(), firewallModules().begin(), firewallModules().end());
+  addModules(e, kernel, firewallModules(), all);
+  writeCached(cache_dir, "fwlayer-", path, cpioArchive(e));
+  return path;
+}
+
+void writeAgentInitramfs(const std::string& base, const std::vector<std::string>& layers,
+                         const GuestAgent& agent, const std::string& out) {
   std::error_code ec;
   fs::copy_file(base, out, fs::copy_options::overwrite_existing, ec);
   if (ec) throw RunnerError("cannot copy " + base + " to " + out + ": " + ec.message());
   ::chmod(out.c_str(), 0600);
   std::ofstream f(out, std::ios::binary | std::ios::app);
+  for (const auto& layer : layers) {
+    std::ifstream in(layer, std::ios::binary);
+    if (!in || !(f << in.rdbuf())) throw RunnerError("cannot append " + layer + " to " + out);
+  }
   const std::string archive = agentCpio(agent);
   f.write(archive.data(), static_cast<std::streamsize>(archive.size()));
   if (!f.flush()) throw RunnerError("cannot write " + out);

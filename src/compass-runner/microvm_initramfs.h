@@ -6,16 +6,24 @@
 //
 //   base (cached per kernel + nano-init + busybox + scripts)   agent (per start, < 4 KiB)
 //     /init               stage 1 (busybox sh)                   /compass/agent.env
+//                                                                [/compass/firewall.nft]
 //     /compass/busybox    Debian's busybox-static (/bin/busybox links to it)
 //     /lib/modules/*.ko   virtio, virtio-mmio, console, blk, erofs, overlay, tun
 //     /compass/nano-init  stripped copy of the runner's nano-init
 //     /compass/stage2     stage 2 (busybox sh)
 //
-// Stage 1 (PID 1 in the initramfs) loads the modules, says "boot" on the control port, mounts
+//   firewall layer (egress `firewall` only, cached): more modules, /compass/nft/ (nft + libs)
+//
+// Stage 1 (PID 1 in the initramfs) loads the modules, says "boot" on the control port; with
+// egress `firewall` it loads the ruleset, checks that both chains drop by default, configures
+// eth0 and says "armed" (seed 002's in-guest-armed marker); then it mounts
 // the erofs root read-only under a tmpfs overlay (writable scratch that dies with the VM) and
 // switch_roots into it. Stage 2 (PID 1 in the agent's root) writes the virtual DNS's
-// resolv.conf, says "up", runs `nano-init run --user UID:GID h2+dev://<boundary port> CMD…`
-// with stdout/stderr on their ports, stops it on "stop", reports "exit N", powers off.
+// resolv.conf (or, with egress `firewall`, the host end as resolver, and looks up the allowed
+// names so the forwarder opens them), says "up", runs `nano-init run --user UID:GID
+// h2+dev://<boundary port> CMD…` (`nano-init supervise --user UID:GID CMD…` with egress
+// `firewall`) with stdout/stderr on their ports, stops it on "stop", applies "allow" batches
+// to the ruleset, reports "exit N", powers off.
 
 #include <cstdint>
 #include <optional>
@@ -41,6 +49,17 @@ std::string cpioArchive(const std::vector<CpioEntry>& entries);
 /// `text` as one POSIX shell word: single-quoted, each ' written as '\''.
 std::string shellQuote(std::string_view text);
 
+/// Egress `firewall` in the guest (issue 5): what stage 1 arms before the root is mounted and
+/// stage 2 uses. Addresses as in firewall::Addressing (ruleset.h).
+struct GuestFirewall {
+  std::string ruleset;   ///< sandboxRuleset() text, loaded with `nft -f` in the guest
+  std::string address4;  ///< eth0's IPv4 with prefix, "10.231.0.6/30"
+  std::string address6;  ///< eth0's IPv6 with prefix, "fd5a:7c3e:91b4:1::2/64"
+  std::string gateway4;  ///< the host end, also the resolver: "10.231.0.5"
+  std::string gateway6;  ///< "fd5a:7c3e:91b4:1::1"
+  std::vector<std::string> preresolve;  ///< allowed names (no `*.`) looked up before the agent
+};
+
 /// What stage 2 needs of the agent.
 struct GuestAgent {
   uint32_t uid = 1000;  ///< the agent's ids in the guest (the default image's `agent`)
@@ -48,17 +67,16 @@ struct GuestAgent {
   std::string workdir = "/";         ///< absolute
   std::optional<uint64_t> pids;      ///< RLIMIT_NPROC of the agent's uid in the guest
   std::vector<std::string> command;  ///< never empty
+  /// Egress `firewall`: armed in the guest; nullopt = egress `boundary` (nano-init, sam-box).
+  std::optional<GuestFirewall> firewall;
 };
 
 /// /compass/agent.env: shell assignments and `set -- CMD…`, every value shellQuote()d.
 std::string agentEnv(const GuestAgent& agent);
 
-/// The agent's archive (/compass/agent.env).
+/// The agent's archive (/compass/agent.env, and /compass/firewall.nft with egress firewall).
+/// Throws RunnerError if a firewall field holds a character a shell or nft could misread.
 std::string agentCpio(const GuestAgent& agent);
-
-/// The two launch scripts (stage 1 is /init).
-std::string_view stage1Script();
-std::string_view stage2Script();
 
 /// The guest kernel: `dir` holds boot/vmlinuz-RELEASE and lib/modules/RELEASE/ (Debian's
 /// linux-image-*-cloud-amd64 unpacked by scripts/install-deps).
@@ -86,8 +104,22 @@ const std::vector<std::string>& guestModules();
 std::string baseInitramfs(const GuestKernel& kernel, const std::string& nano_init,
                           const std::string& busybox, const std::string& cache_dir);
 
-/// Writes `base` followed by agentCpio(agent) to `out` (mode 0600). Throws RunnerError.
-void writeAgentInitramfs(const std::string& base, const GuestAgent& agent, const std::string& out);
+/// The modules stage 1 loads with egress `firewall` besides guestModules(): virtio-net and
+/// nftables with conntrack and reject, in dependency order.
+const std::vector<std::string>& firewallModules();
+
+/// The firewall layer, an archive laid over the base (egress `firewall` only): the modules of
+/// guestModules() and firewallModules() with their order file (replacing the base's), and the
+/// host's `nft` (path `nft`, PATH lookup without a slash) with its shared libraries and loader
+/// (from ldd(1)) under /compass/nft/. Cached in `cache_dir` like baseInitramfs(). Throws
+/// RunnerError naming what is missing (nft: apt-get install nftables).
+std::string firewallLayer(const GuestKernel& kernel, const std::string& nft,
+                          const std::string& cache_dir);
+
+/// Writes `base`, then each of `layers`, then agentCpio(agent) to `out` (mode 0600). Throws
+/// RunnerError.
+void writeAgentInitramfs(const std::string& base, const std::vector<std::string>& layers,
+                         const GuestAgent& agent, const std::string& out);
 
 /// Debian's busybox-static: $COMPASS_BUSYBOX, else /bin/busybox. Throws RunnerError if it is
 /// not a static executable (stage 2 runs it in the agent's root, which has no libc of ours).

@@ -90,13 +90,6 @@ std::vector<std::string> qemuArgv(const QemuConfig& cfg) {
       "socket,id=control,path=" + qemuEscape(cfg.control_socket),
       "-device",
       std::string("virtserialport,chardev=control,name=") + kControlPort,
-      // sam-box closes a connection that sends nothing for 10 s, and the guest opens the
-      // port only once it has booted: reconnect=1 makes QEMU dial again, and the guest's
-      // writes wait for a connected host end.
-      "-chardev",
-      "socket,id=boundary,reconnect=1,path=" + qemuEscape(cfg.boundary_socket),
-      "-device",
-      std::string("virtserialport,chardev=boundary,name=") + kBoundaryPort,
       "-chardev",
       "file,id=stdout,append=on,path=" + qemuEscape(cfg.stdout_path),
       "-device",
@@ -109,6 +102,21 @@ std::vector<std::string> qemuArgv(const QemuConfig& cfg) {
       cfg.pidfile,
   };
   a.insert(a.end(), rest.begin(), rest.end());
+  if (!cfg.boundary_socket.empty()) {
+    // sam-box closes a connection that sends nothing for 10 s, and the guest opens the port
+    // only once it has booted: reconnect=1 makes QEMU dial again, and the guest's writes wait
+    // for a connected host end.
+    a.insert(a.end(),
+             {"-chardev", "socket,id=boundary,reconnect=1,path=" + qemuEscape(cfg.boundary_socket),
+              "-device", std::string("virtserialport,chardev=boundary,name=") + kBoundaryPort});
+  }
+  if (!cfg.tap.empty()) {
+    // No vhost (no /dev/vhost-net use), no helper scripts: QEMU attaches to the tap the runner
+    // made in the netns it runs in.
+    a.insert(a.end(),
+             {"-netdev", "tap,id=net0,ifname=" + cfg.tap + ",script=no,downscript=no,vhost=off",
+              "-device", "virtio-net-device,netdev=net0"});
+  }
   return a;
 }
 

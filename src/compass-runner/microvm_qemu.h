@@ -52,8 +52,11 @@ struct QemuConfig {
   int cpus = 1;                             ///< -smp
   std::string console_log;                  ///< ttyS0 (kernel console) → this file
   std::string control_socket;               ///< Unix socket the runner listens on; QEMU connects
-  std::string boundary_socket;              ///< sam-box's socket; QEMU connects (reconnect=1)
-  std::string pidfile;                      ///< -pidfile
+  std::string boundary_socket;  ///< sam-box's socket; QEMU connects (reconnect=1); empty = none
+  /// Egress `firewall`: the tap device (in the netns QEMU runs in) behind the guest's
+  /// virtio-net NIC; empty = the guest has no network device at all.
+  std::string tap;
+  std::string pidfile;  ///< -pidfile
   /// Where the agent's stdout and stderr go: a path QEMU opens (O_APPEND), or
   /// "/dev/fdset/N" for a descriptor handed over with `-add-fd` (add_fds), which shares the
   /// runner's file offset (stdoutTarget()).

@@ -257,6 +257,7 @@ std::string formatJson(const std::vector<RosterEntry>& entries) {
         {"id", e.rec.id},
         {"tier", e.rec.tier},
         {"egress", e.rec.posture},
+        {"egress_armed_in_guest", e.rec.egress_armed_in_guest},
         {"pid", e.rec.pid},
         {"uptime_s", e.uptime_s},
         {"allowed", e.flows ? nlohmann::json(e.flows->allowed) : nlohmann::json(nullptr)},

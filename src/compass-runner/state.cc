@@ -190,6 +190,7 @@ std::string recordText(const AgentRecord& rec) {
       {"netns", rec.netns},
       {"veth", rec.veth},
       {"sam_box_pid", rec.sam_box_pid},
+      {"egress_armed_in_guest", rec.egress_armed_in_guest},
       {"command", rec.command},
   };
   return j.dump(2) + "\n";
@@ -218,6 +219,7 @@ AgentRecord parseRecord(std::string_view text) {
   rec.netns = field<std::string>(j, "netns", false);
   rec.veth = field<std::string>(j, "veth", false);
   rec.sam_box_pid = field<int>(j, "sam_box_pid", false, -1);
+  rec.egress_armed_in_guest = field<bool>(j, "egress_armed_in_guest", false, false);
   rec.command = field<std::vector<std::string>>(j, "command", false);
   if (!isAgentId(rec.id)) throw RunnerError("agent.json: \"id\" is not an agent id");
   return rec;

@@ -31,6 +31,9 @@ struct AgentRecord {
   std::string netns;         ///< netns name under /run/netns; empty = none
   std::string veth;          ///< host-side veth name; empty = none
   int sam_box_pid = -1;      ///< the agent's sam-box; -1 = none
+  /// Seed 002's in-guest-armed marker: the backend armed egress inside the guest itself (the
+  /// microvm tier's `firewall`), so no host-side arming step ran. False for every other tier.
+  bool egress_armed_in_guest = false;
   std::vector<std::string> command;
 };
 

@@ -138,6 +138,20 @@ void configureSandboxLink(const std::string& netns_path, const Addressing& net) 
   runChecked("sandbox link", {"ip", "-batch", "-"}, batch, kCommandTimeout, netns_path);
 }
 
+void bridgeToTap(const std::string& netns_path, const std::string& tap) {
+  // The bridge forwards at once (no STP, forward_delay 0) and learns only two MACs: the
+  // guest's and the host end's.
+  const std::string batch =
+      "link add br0 type bridge stp_state 0 forward_delay 0\n"
+      "tuntap add dev " +
+      tap +
+      " mode tap\n"
+      "link set eth0 master br0\nlink set " +
+      tap + " master br0\nlink set lo up\nlink set eth0 up\nlink set " + tap +
+      " up\nlink set br0 up\n";
+  runChecked("bridge", {"ip", "-batch", "-"}, batch, kCommandTimeout, netns_path);
+}
+
 void enableForwarding() {
   setSysctl("/proc/sys/net/ipv4/ip_forward");
   setSysctl("/proc/sys/net/ipv6/conf/all/forwarding");

@@ -44,6 +44,11 @@ void createVeth(const std::string& id, const std::string& netns_name, const Addr
 /// both families via the host end. Throws RunnerError with ip's message.
 void configureSandboxLink(const std::string& netns_path, const Addressing& net);
 
+/// For a microVM guest (firewall::armForGuest()): in the netns, a bridge `br0` holding eth0 and a
+/// new persistent tap device `tap` (for QEMU's `-netdev tap,ifname=TAP`), all up, no address.
+/// Throws RunnerError with ip's message. The netns's removal removes all three.
+void bridgeToTap(const std::string& netns_path, const std::string& tap);
+
 /// net.ipv4.ip_forward=1 and net.ipv6.conf.all.forwarding=1 (left on at teardown: other
 /// agents and podman rely on them). Enabling IPv6 forwarding makes the kernel ignore router
 /// advertisements on the host (accept_ra=1 counts only for non-routers): documented in
