@@ -73,12 +73,14 @@ class HostAddresses {
   std::chrono::steady_clock::time_point read_at_{};
 };
 
-// Adds answered addresses to the sandbox's sets through `apply` (nft in the netns, or the
-// guest's control port). Elements already added are not sent again, so a busy name costs one
-// batch per new address, not per query.
+// Puts elements into every copy of the sets: true once all hold them.
+using AddFn = std::function<bool(const std::vector<AllowElement>&)>;
+
+// Adds answered addresses to the sandbox's sets through `add`. Elements already added are not
+// sent again, so a busy name costs one batch per new address, not per query.
 class Admitter {
  public:
-  Admitter(std::string id, ApplyFn apply) : id_(std::move(id)), apply_(std::move(apply)) {}
+  Admitter(std::string id, AddFn add) : id_(std::move(id)), add_(std::move(add)) {}
 
   bool admit(const std::vector<AllowElement>& elements) {
     std::lock_guard lock(mu_);
@@ -88,11 +90,20 @@ class Admitter {
     }
     if (fresh.empty()) return true;
     if (done_.size() + fresh.size() > kMaxSetElements) {
-      common::log::warn("egress firewall: allow sets full",
-                        {{"agent", id_}, {"reason", "set-full"}, {"limit", kMaxSetElements}});
+      // Once a second at most: the agent decides how often this happens.
+      const auto now = std::chrono::steady_clock::now();
+      ++full_refusals_;
+      if (now - full_logged_at_ >= std::chrono::seconds(1)) {
+        common::log::warn("egress firewall: allow sets full", {{"agent", id_},
+                                                               {"reason", "set-full"},
+                                                               {"limit", kMaxSetElements},
+                                                               {"refused", full_refusals_}});
+        full_logged_at_ = now;
+        full_refusals_ = 0;
+      }
       return false;
     }
-    if (!apply_(addElementsBatch(fresh))) {
+    if (!add_(fresh)) {
       common::log::error("egress firewall: adding set elements failed",
                          {{"agent", id_}, {"reason", "admit-failed"}});
       return false;
@@ -109,21 +120,24 @@ class Admitter {
   }
 
   std::string id_;
-  ApplyFn apply_;
+  AddFn add_;
   std::mutex mu_;
+  std::chrono::steady_clock::time_point full_logged_at_{};
+  uint64_t full_refusals_ = 0;  // set-full refusals since the last log line
   std::vector<AllowElement> done_;
 };
 
-// `nft -f -` in the netns at `ns_path`; its error is logged.
-ApplyFn netnsApply(const std::string& id, const std::string& ns_path) {
-  return [id, ns_path](const std::string& batch) {
-    const CommandResult r = runCommand({"nft", "-f", "-"}, batch, kNftTimeout, ns_path);
-    if (r.status != 0) {
-      common::log::error("egress firewall: nft add element failed",
-                         {{"agent", id}, {"status", r.status}, {"stderr", r.err.substr(0, 512)}});
-    }
-    return r.status == 0;
-  };
+// `nft -f -` of `batch` in the netns at `ns_path` (empty: the host's); its error is logged.
+bool runNft(const std::string& id, const std::string& batch, const std::string& ns_path) {
+  const CommandResult r = runCommand({"nft", "-f", "-"}, batch, kNftTimeout, ns_path);
+  if (r.status != 0) {
+    common::log::error("egress firewall: nft add element failed",
+                       {{"agent", id},
+                        {"where", ns_path.empty() ? "host" : ns_path},
+                        {"status", r.status},
+                        {"stderr", r.err.substr(0, 512)}});
+  }
+  return r.status == 0;
 }
 
 class FirewallEgress final : public Egress {
@@ -220,7 +234,9 @@ class FirewallEgress final : public Egress {
       }
     }
     if (failed) std::rethrow_exception(failed);
-    startForwarder(allow, netnsApply(id_, ns_path));
+    startForwarder(allow, [id = id_, ns_path](const std::vector<AllowElement>& e) {
+      return runNft(id, addElementsBatch(e), ns_path);
+    });
     // Seed 000: "DNS is allowlisted first, then names are resolved from inside the sandbox":
     // the ruleset above holds the DNS rule, and each name's A (over IPv4) and AAAA (over IPv6)
     // query now goes from the netns through it to the forwarder, which opens what it answers.
@@ -239,8 +255,9 @@ class FirewallEgress final : public Egress {
     });
     undo_.emplace_back("host nat", [this] { return removeHostNat(id_); });
     undo_.emplace_back("veth", [this] { return removeVeth(id_); });
-    auto host_nat = std::async(std::launch::async,
-                               [&] { named("host nat", [&] { installHostNat(id_, net_); }); });
+    auto host_nat = std::async(std::launch::async, [&] {
+      named("host nat", [&] { installHostNat(id_, net_, /*mirror=*/true); });
+    });
     std::exception_ptr failed;
     try {
       named("veth", [&] { createVeth(id_, netns_name_, net_); });
@@ -256,16 +273,19 @@ class FirewallEgress final : public Egress {
       if (!failed) failed = std::current_exception();
     }
     if (failed) std::rethrow_exception(failed);
-    startForwarder(allow, std::move(apply));
+    // The host's copy of the sets first: the guest's answer is what lets the reply go.
+    startForwarder(allow, [id = id_, apply = std::move(apply)](const std::vector<AllowElement>& e) {
+      return runNft(id, addElementsBatch(e, hostTableName(id)), "") && apply(addElementsBatch(e));
+    });
     logArmed();
   }
 
  private:
-  void startForwarder(const policy::Allowlist& allow, ApplyFn apply) {
+  void startForwarder(const policy::Allowlist& allow, AddFn add) {
     step(
         "dns forwarder",
         [&] {
-          auto admitter = std::make_shared<Admitter>(id_, std::move(apply));
+          auto admitter = std::make_shared<Admitter>(id_, std::move(add));
           auto local = std::make_shared<HostAddresses>();
           ForwarderConfig cfg;
           cfg.id = id_;

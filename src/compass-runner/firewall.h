@@ -57,7 +57,9 @@ using ApplyFn = std::function<bool(const std::string& batch)>;
 /// `-netdev tap,ifname=`), so the guest's NIC sits on the sandbox's /30 and /64. The guest
 /// carries the sandbox addresses of addressing() and arms sandboxRuleset() itself before its
 /// agent runs (seed 002: "armed in-guest by the backend"); the forwarder hands each new batch of
-/// elements it opens to `apply` (required), which must reach the guest's sets. Steps, in order:
+/// elements it opens to `apply` (required), which must reach the guest's sets. The host table
+/// mirrors the allow sets (hostNatRuleset() `mirror`), filled before `apply` is called, so a
+/// guest whose own ruleset is gone still reaches only what the allowlist opened. Steps, in order:
 /// subnet, veth, bridge, forwarding, host nat, dns forwarder. No pre-resolve here: the guest
 /// resolves its allowed names through the forwarder once its ruleset allows DNS. Throws
 /// RunnerError("egress firewall: <step>: <reason>"); on throw nothing is left.

@@ -110,15 +110,31 @@ bool ControlChannel::sendLine(const std::string& line) {
   if (line.find('\n') != std::string::npos || line.size() > kMaxSendLine) return false;
   const std::string data = line + "\n";
   std::lock_guard lock(send_mu_);
-  if (!conn_.valid()) return false;
+  if (!conn_.valid() || send_broken_) return false;
+  // Never blocks the caller for long, and never leaves part of a line: a line the guest does
+  // not take within kSendTimeout ends the runner's side of the stream (SHUT_WR), so the guest
+  // reads the fragment as an unterminated last line, which its `read` drops.
+  const auto deadline = Clock::now() + kSendTimeout;
   size_t done = 0;
   while (done < data.size()) {
-    // MSG_DONTWAIT: a guest that stopped reading fails the send instead of hanging the caller.
     const ssize_t n =
         ::send(conn_.get(), data.data() + done, data.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{conn_.get(), POLLOUT, 0};
+      const int ms = remainingMs(deadline);
+      if (ms > 0 && ::poll(&p, 1, ms) > 0 && (p.revents & POLLOUT) != 0) continue;
+      if (done == 0) return false;  // nothing sent: the stream is still whole
+    }
+    if (done > 0) {
+      send_broken_ = true;
+      ::shutdown(conn_.get(), SHUT_WR);
+    }
+    return false;
   }
   return true;
 }

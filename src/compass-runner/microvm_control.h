@@ -44,10 +44,15 @@ class ControlChannel {
   /// Writes "stop\n" to the guest (from any thread). False if the connection is gone.
   bool sendStop();
 
-  /// Writes `line` and a '\n' to the guest (from any thread; lines never interleave). False if
-  /// the guest is not connected, its socket buffer is full, or `line` holds a '\n' or is longer
-  /// than kMaxSendLine bytes.
+  /// Writes `line` and a '\n' to the guest (from any thread; lines never interleave), waiting
+  /// at most kSendTimeout for room. False if the guest is not connected, does not take the line
+  /// in time, or `line` holds a '\n' or is longer than kMaxSendLine bytes. A line cut short by
+  /// the timeout is never completed by a later one: the runner's side of the stream is shut
+  /// (the guest reads an unterminated fragment, then EOF) and every later send is false.
   bool sendLine(const std::string& line);
+
+  /// How long sendLine() waits for a guest that is not reading its control port.
+  static constexpr std::chrono::milliseconds kSendTimeout{2000};
 
   /// Longest line sendLine() writes (the guest's shell reads each line whole).
   static constexpr size_t kMaxSendLine = 64 * 1024;
@@ -56,6 +61,7 @@ class ControlChannel {
   common::UniqueFd listener_;
   std::mutex send_mu_;  // guards conn_'s assignment against senders on other threads
   common::UniqueFd conn_;
+  bool send_broken_ = false;  // a line was cut short (guarded by send_mu_)
   std::string buffer_;
   bool eof_ = false;
 };

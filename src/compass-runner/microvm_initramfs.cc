@@ -442,6 +442,8 @@ std::string firewallLayer(const GuestKernel& kernel, const std::string& nft,
   const auto libs = sharedLibraries(nft_path);
   std::string key = std::string(kFirewallLayout) + stamp(nft_path) + kernel.release;
   for (const auto& [name, lib] : libs) key += name + "=" + stamp(lib);
+  // The layer's order file names the base's modules too: a change to those is a new layer.
+  for (const auto& m : guestModules()) key += m + ";";
   for (const auto& m : firewallModules()) key += stamp(kernel.modules + "/" + m + ".ko");
   const std::string path = cachedPath(cache_dir, "fwlayer-", key);
   if (::access(path.c_str(), R_OK) == 0) return path;

@@ -114,7 +114,8 @@ std::vector<std::string> qemuArgv(const QemuConfig& cfg) {
     // No vhost (no /dev/vhost-net use), no helper scripts: QEMU attaches to the tap the runner
     // made in the netns it runs in.
     a.insert(a.end(),
-             {"-netdev", "tap,id=net0,ifname=" + cfg.tap + ",script=no,downscript=no,vhost=off",
+             {"-netdev",
+              "tap,id=net0,ifname=" + qemuEscape(cfg.tap) + ",script=no,downscript=no,vhost=off",
               "-device", "virtio-net-device,netdev=net0"});
   }
   return a;

@@ -174,11 +174,11 @@ std::string sandboxRuleset(const Addressing& net, const std::vector<AllowElement
   return r;
 }
 
-std::string addElementsBatch(const std::vector<AllowElement>& elements) {
+std::string addElementsBatch(const std::vector<AllowElement>& elements, std::string_view table) {
   std::string out;
   for (const auto& e : elements) {
-    out += "add element inet " + std::string(kEgressTable) + " " + setFor(e) + " { " +
-           elementText(e) + " }\n";
+    out += "add element inet " + std::string(table) + " " + setFor(e) + " { " + elementText(e) +
+           " }\n";
   }
   return out;
 }
@@ -186,11 +186,19 @@ std::string addElementsBatch(const std::vector<AllowElement>& elements) {
 std::string hostTableName(const std::string& id) { return "compass_nat_" + id; }
 
 std::string hostNatRuleset(const std::string& id, const std::string& host_veth,
-                           const Addressing& net) {
+                           const Addressing& net, bool mirror) {
   const std::string in = "iifname \"" + host_veth + "\" ";
   const std::string out = "oifname \"" + host_veth + "\" ";
   std::string r = "table inet " + hostTableName(id) + " {\n";
   const auto rule = [&r](const std::string& text) { r += "    " + text + "\n"; };
+  if (mirror) {
+    for (const auto& [set_name, type] : kSets) {
+      r += "  set " + std::string(set_name) + " {\n";
+      rule("type " + std::string(type));
+      rule("size " + std::to_string(kMaxSetElements));
+      r += "  }\n";
+    }
+  }
   r += "  chain postrouting {\n";
   rule("type nat hook postrouting priority srcnat; policy accept;");
   rule("ip saddr " + net.net4 + " oifname != \"" + host_veth + "\" masquerade");
@@ -201,8 +209,17 @@ std::string hostNatRuleset(const std::string& id, const std::string& host_veth,
   // the sandbox's own addresses leaves it (no spoofing through the host).
   rule(in + "ip daddr " + kPool4 + " drop");
   rule(in + "ip6 daddr " + kPool6 + " drop");
-  rule(in + "ip saddr " + net.net4 + " accept");
-  rule(in + "ip6 saddr " + net.net6 + " accept");
+  if (mirror) {
+    rule(in + "ip saddr " + net.net4 + " ip daddr @allow4 accept");
+    rule(in + "ip6 saddr " + net.net6 + " ip6 daddr @allow6 accept");
+    rule(in + "ip saddr " + net.net4 +
+         " meta l4proto { tcp, udp } ip daddr . th dport @allow4p accept");
+    rule(in + "ip6 saddr " + net.net6 +
+         " meta l4proto { tcp, udp } ip6 daddr . th dport @allow6p accept");
+  } else {
+    rule(in + "ip saddr " + net.net4 + " accept");
+    rule(in + "ip6 saddr " + net.net6 + " accept");
+  }
   rule(in + "drop");
   rule(out + "ct state established,related accept");
   rule(out + "drop");

@@ -84,8 +84,10 @@ std::vector<AllowElement> elementsFor(std::string_view name, const std::vector<u
 std::string sandboxRuleset(const Addressing& net, const std::vector<AllowElement>& initial);
 
 /// `add element` commands for `elements` (one `nft -f -` batch; adding a present element is
-/// not an error). Empty input gives an empty string.
-std::string addElementsBatch(const std::vector<AllowElement>& elements);
+/// not an error) into the sets of `table inet <table>`: the sandbox's kEgressTable, or a
+/// guest's host table (hostNatRuleset() with `mirror`). Empty input gives an empty string.
+std::string addElementsBatch(const std::vector<AllowElement>& elements,
+                             std::string_view table = kEgressTable);
 
 /// The host table for agent `id` (`table inet compass_nat_<id>`): masquerade for the
 /// sandbox's subnets on both families; forward: from the sandbox anything but the pools,
@@ -93,8 +95,13 @@ std::string addElementsBatch(const std::vector<AllowElement>& elements);
 /// neighbour discovery), so the host's own services stay out of reach even without the
 /// netns ruleset; the resolver's addresses take nothing from any other interface.
 /// `host_veth` is `cv<id>`.
+///
+/// `mirror` (a microVM guest, whose own ruleset a guest-kernel exploit could flush): the
+/// table also holds the four allow sets, and forward lets the sandbox's addresses out only
+/// to what they hold, so the host enforces the same allowlist as the guest (the forwarder
+/// adds each answered address to both, host first).
 std::string hostNatRuleset(const std::string& id, const std::string& host_veth,
-                           const Addressing& net);
+                           const Addressing& net, bool mirror = false);
 
 /// The host table's name for agent `id`: "compass_nat_<id>".
 std::string hostTableName(const std::string& id);

@@ -157,8 +157,8 @@ void enableForwarding() {
   setSysctl("/proc/sys/net/ipv6/conf/all/forwarding");
 }
 
-void installHostNat(const std::string& id, const Addressing& net) {
-  runChecked("host nat", {"nft", "-f", "-"}, hostNatRuleset(id, hostVethName(id), net),
+void installHostNat(const std::string& id, const Addressing& net, bool mirror) {
+  runChecked("host nat", {"nft", "-f", "-"}, hostNatRuleset(id, hostVethName(id), net, mirror),
              kCommandTimeout);
 }
 

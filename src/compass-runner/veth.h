@@ -55,8 +55,9 @@ void bridgeToTap(const std::string& netns_path, const std::string& tap);
 /// docs/compass-runner.md. Throws RunnerError naming the sysctl file.
 void enableForwarding();
 
-/// Loads hostNatRuleset() (`nft -f -`). Throws RunnerError with nft's message.
-void installHostNat(const std::string& id, const Addressing& net);
+/// Loads hostNatRuleset() (`nft -f -`; `mirror` as there). Throws RunnerError with nft's
+/// message.
+void installHostNat(const std::string& id, const Addressing& net, bool mirror = false);
 
 /// Deletes `table inet compass_nat_<id>`; false if it was there and could not be removed.
 /// Never throws.

@@ -388,6 +388,56 @@ def test_a_live_guest_has_its_netns_veth_and_nat_table_and_no_sam_box(live):
     assert re.search(r"\btun type tap\b", links.stdout), links.stdout + links.stderr
 
 
+FETCH = r"""
+import socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+try:
+    with socket.create_connection((host, port), timeout=5) as s:
+        s.sendall(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+        print(s.recv(4096).decode(errors="replace").split("\r\n\r\n", 1)[-1].strip())
+except OSError as e:
+    print("error: " + type(e).__name__)
+"""
+
+
+def test_a_guest_whose_own_ruleset_is_gone_still_reaches_only_the_allowlist(live, runner_hosts):
+    """What root in the guest (a guest-kernel exploit) could do: drop the guest's ruleset. Played
+    from the agent's netns: tap0 leaves the bridge and the bridge takes the guest's addresses,
+    so packets reach the host exactly as the guest's would, with no guest ruleset in the way.
+    The host table's copy of the allow sets still lets out only the pre-resolved allowed host."""
+    assert live.read_until(re.escape(ARMED), 60), live.err
+    ns = f"compass-{live.id}"
+    table = subprocess.run(["nft", "list", "table", "inet", f"compass_nat_{live.id}"],
+                           capture_output=True, text=True).stdout
+    assert f"{rh.ALLOWED_V4} . 80" in table and f"{rh.ALLOWED_V6} . 80" in table, table
+    r = subprocess.run(["ip", "-j", "addr", "show", "dev", f"cv{live.id}"],
+                       capture_output=True, text=True)
+    ends = [ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}")
+            for a in json.loads(r.stdout)[0]["addr_info"] if a.get("scope") == "global"]
+    host4 = next(a for a in ends if a.version == 4)
+    host6 = next(a for a in ends if a.version == 6)
+    batch = (f"link set tap0 nomaster\n"
+             f"addr add {host4.ip + 1}/30 dev br0\n"
+             f"addr add {host6.ip + 1}/64 dev br0 nodad\n"
+             f"route add default via {host4.ip}\n"
+             f"route add ::/0 via {host6.ip}\n")
+    r = subprocess.run(["ip", "-n", ns, "-batch", "-"], input=batch, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+
+    def fetch(addr, port):
+        return subprocess.run(["ip", "netns", "exec", ns, "python3", "-c", FETCH, addr,
+                               str(port)], capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+
+    assert fetch(rh.ALLOWED_V4, 80) == rh.ALLOWED
+    assert fetch(rh.ALLOWED_V6, 80) == rh.ALLOWED
+    for addr, port in ((rh.DENIED_V4, 80), (rh.DENIED_V6, 80), (rh.ALLOWED_V4, 853),
+                       (rh.DENIED_V4, 853)):
+        got = fetch(addr, port)
+        assert got.startswith("error"), (addr, port, got)
+
+
 def test_kill_9_of_the_runner_then_gc_leaves_nothing(live):
     assert live.proc.poll() is None, live.err
     assert leftovers(live.id), "the live agent has nothing on the host to remove"

@@ -220,5 +220,38 @@ TEST(HostNatRuleset, Golden) {
 )");
 }
 
+TEST(HostNatRuleset, MirrorLetsTheSandboxOutOnlyToItsAllowSets) {
+  // A microVM guest's host table: the same table with the four allow sets, and forward opens
+  // only what they hold; everything else of the plain table is unchanged.
+  const std::string plain = hostNatRuleset("a0123456789", "cva0123456789", addressingForSlot(1));
+  const std::string mirror =
+      hostNatRuleset("a0123456789", "cva0123456789", addressingForSlot(1), /*mirror=*/true);
+  for (const char* set : {"allow4", "allow6", "allow4p", "allow6p"}) {
+    EXPECT_NE(mirror.find(std::string("  set ") + set + " {\n"), std::string::npos) << set;
+  }
+  EXPECT_EQ(mirror.find("iifname \"cva0123456789\" ip saddr 10.231.0.4/30 accept"),
+            std::string::npos);
+  EXPECT_EQ(mirror.find("ip6 saddr fd5a:7c3e:91b4:1::/64 accept"), std::string::npos);
+  for (const char* rule :
+       {"iifname \"cva0123456789\" ip saddr 10.231.0.4/30 ip daddr @allow4 accept",
+        "iifname \"cva0123456789\" ip6 saddr fd5a:7c3e:91b4:1::/64 ip6 daddr @allow6 accept",
+        "iifname \"cva0123456789\" ip saddr 10.231.0.4/30 meta l4proto { tcp, udp } ip daddr . "
+        "th dport @allow4p accept",
+        "iifname \"cva0123456789\" ip6 saddr fd5a:7c3e:91b4:1::/64 meta l4proto { tcp, udp } ip6 "
+        "daddr . th dport @allow6p accept"}) {
+    EXPECT_NE(mirror.find(rule), std::string::npos) << rule;
+  }
+  // The pools and the drop still come first and last; input is the plain table's.
+  EXPECT_LT(mirror.find("ip daddr 10.231.0.0/16 drop"), mirror.find("@allow4 accept"));
+  EXPECT_LT(mirror.find("@allow6p accept"), mirror.find("iifname \"cva0123456789\" drop"));
+  EXPECT_EQ(mirror.substr(mirror.find("  chain input {")),
+            plain.substr(plain.find("  chain input {")));
+  // Elements go into the host table by name.
+  const AllowElement e{asio::ip::make_address("198.51.100.7"), 80, "a.example"};
+  EXPECT_EQ(addElementsBatch({e}, hostTableName("a0123456789")),
+            "add element inet compass_nat_a0123456789 allow4p { 198.51.100.7 . 80 comment "
+            "\"a.example\" }\n");
+}
+
 }  // namespace
 }  // namespace runner::firewall
