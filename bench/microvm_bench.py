@@ -15,8 +15,11 @@ taken inside the guest):
 - microvm: `compass-runner run --backend microvm --accel A -- echo MARKER` (sam-box, the
            cached erofs root, the initramfs, modules, overlay, switch_root, nano-init, the
            agent; the marker arrives through the guest's stdout port).
+- firewall: the same with `--egress firewall` (netns, veth, bridge, tap, host table and DNS
+           forwarder on the host; 13 more modules, `nft -f` and eth0 in the guest; the agent
+           under `nano-init supervise`). `--no-firewall` leaves it out.
 
-The cases alternate round by round so that load on the host hits both alike. Target: microvm
+The cases rotate round by round so that load on the host hits both alike. Target: each microvm case
 ≤ 1.1 × plain (median). Prints PASS/MISS and exits 0 either way; non-zero only if a case could
 not run. The results also go to bench/results/microvm-<time>.json. Needs root, the local image
 and a build in build/ (or --build DIR). No traffic leaves the machine.
@@ -99,6 +102,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5, help="rounds (each runs both cases)")
     ap.add_argument("--accel", default="tcg", choices=["tcg", "kvm"])
     ap.add_argument("--build", default=str(REPO / "build"), help="build dir (default build/)")
+    ap.add_argument("--no-firewall", action="store_true", help="skip the --egress firewall case")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("microvm_bench: run as root")
@@ -108,9 +112,16 @@ def main():
     run_argv = [str(runner), "run", "--backend", "microvm", "--accel", args.accel, "--",
                 "echo", MARKER]
 
-    # Warm-up: builds the cached erofs root and base initramfs (not measured).
+    fw_argv = run_argv[:5] + ["--egress", "firewall"] + run_argv[5:]
+    cases = [("plain", None), ("microvm", run_argv)]
+    if not args.no_firewall:
+        cases.append(("firewall", fw_argv))
+
+    # Warm-up: builds the cached erofs root, base initramfs and firewall layer (not measured).
     print("warm-up (builds the cached root image and initramfs)…", flush=True)
     timed(run_argv, env)
+    if not args.no_firewall:
+        timed(fw_argv, env)
     bases = sorted(glob.glob(str(CACHE / "initramfs-*.cpio")), key=os.path.getmtime)
     kernels = sorted(glob.glob(str(KERNEL_DIR / "boot/vmlinuz-*")))
     if not bases or not kernels:
@@ -128,13 +139,12 @@ def main():
                   "-smp", "1", "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
                   "-kernel", kernels[-1], "-initrd", plain_initrd, "-append", append,
                   "-serial", "stdio"]
-    samples = {"plain": [], "microvm": []}
-    totals = {"plain": [], "microvm": []}
+    cases[0] = ("plain", plain_argv)
+    samples = {name: [] for name, _ in cases}
+    totals = {name: [] for name, _ in cases}
     try:
         for i in range(args.rounds):
-            order = [("plain", plain_argv), ("microvm", run_argv)]
-            if i % 2:
-                order.reverse()
+            order = cases[i % len(cases):] + cases[:i % len(cases)]
             for name, argv in order:
                 marker, total = timed(argv, env)
                 samples[name].append(marker)
@@ -146,12 +156,21 @@ def main():
     plain, vm = summarize(samples["plain"]), summarize(samples["microvm"])
     ratio = vm["median_ms"] / plain["median_ms"]
     verdict = "PASS" if ratio <= TARGET_RATIO else "MISS"
-    print(f"\naccelerator: {args.accel}; {args.rounds} rounds, alternating")
+    print(f"\naccelerator: {args.accel}; {args.rounds} rounds, rotating")
     print(f"plain QEMU boot to marker: median {plain['median_ms']:.0f} ms "
           f"(min {plain['min_ms']:.0f}, max {plain['max_ms']:.0f})")
     print(f"microvm launch → agent exec: median {vm['median_ms']:.0f} ms "
           f"(min {vm['min_ms']:.0f}, max {vm['max_ms']:.0f})")
     print(f"ratio {ratio:.2f} (target ≤ {TARGET_RATIO}): {verdict}")
+    fw = None
+    if samples.get("firewall"):
+        fw = summarize(samples["firewall"])
+        fw["ratio"] = round(fw["median_ms"] / plain["median_ms"], 3)
+        fw["verdict"] = "PASS" if fw["ratio"] <= TARGET_RATIO else "MISS"
+        fw["exit"] = summarize(totals["firewall"])
+        print(f"microvm --egress firewall launch → agent exec: median {fw['median_ms']:.0f} ms "
+              f"(min {fw['min_ms']:.0f}, max {fw['max_ms']:.0f}); ratio {fw['ratio']:.2f} "
+              f"(target ≤ {TARGET_RATIO}): {fw['verdict']}")
     RESULTS.mkdir(exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = RESULTS / f"microvm-{stamp}.json"
@@ -160,6 +179,7 @@ def main():
                                "target": TARGET_RATIO, "verdict": verdict,
                                "plain_exit": summarize(totals["plain"]),
                                "microvm_exit": summarize(totals["microvm"]),
+                               "firewall": fw,
                                "load_avg": os.getloadavg()}, indent=2) + "\n")
     print(f"results: {out}")
 

@@ -255,7 +255,7 @@ def test_live_guest_roster_console_stop(image, runner_hosts):
         assert info["accel"] == "tcg" and info["qemu_pid"] == rec["pid"], info
         assert oct(os.stat(state).st_mode & 0o777) == "0o700"
         console = (state / "console.log").read_text(errors="replace")
-        assert re.search(r"compass-init: \[[\d.]+\] stage 2: starting nano-init as 1000:1000",
+        assert re.search(r"compass-init: \[[\d.]+\] stage 2: starting the agent as 1000:1000",
                          console), console
 
         def counted():
