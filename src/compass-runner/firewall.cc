@@ -277,7 +277,7 @@ class FirewallEgress final : public Egress {
     startForwarder(allow, [id = id_, apply = std::move(apply)](const std::vector<AllowElement>& e) {
       return runNft(id, addElementsBatch(e, hostTableName(id)), "") && apply(addElementsBatch(e));
     });
-    logArmed();
+    logArmed("egress firewall: host side ready (the guest arms its own ruleset)");
   }
 
  private:
@@ -302,12 +302,14 @@ class FirewallEgress final : public Egress {
         });
   }
 
-  void logArmed() const {
-    common::log::info("egress firewall armed", {{"agent", id_},
-                                                {"veth", hostVeth()},
-                                                {"resolver", net_.host4},
-                                                {"resolver6", net_.host6},
-                                                {"slot", net_.slot}});
+  // `what`: the podman tier's "egress firewall armed"; a guest's host side is only ready (the
+  // guest arms its own ruleset and says so later).
+  void logArmed(const char* what = "egress firewall armed") const {
+    common::log::info(what, {{"agent", id_},
+                             {"veth", hostVeth()},
+                             {"resolver", net_.host4},
+                             {"resolver6", net_.host6},
+                             {"slot", net_.slot}});
   }
 
   static bool removeSandboxTable(const std::string& ns_path) {

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/log.h"
 #include "compass-runner/backend.h"
 #include "compass-runner/firewall.h"
 #include "compass-runner/image.h"
@@ -239,6 +240,7 @@ class MicrovmBackend final : public Backend {
 
   Started startSteps(const AgentSpec& spec) {
     state_dir_ = spec.state_dir;
+    agent_id_ = spec.id;
     const std::string socket = spec.state_dir + "/" + kSocketFile;
     QemuConfig q;
     GuestKernel kernel;
@@ -351,8 +353,19 @@ class MicrovmBackend final : public Backend {
     sam_box_.spawn(o);
   }
 
+  // Stage 2's pre-resolve found no address for an allowed name ("NAME A|AAAA"): said as the
+  // podman tier says it. Only a name the allowlist holds is repeated.
+  void logUnresolved(const std::string& rest) const {
+    const size_t space = rest.find(' ');
+    const std::string name = rest.substr(0, space);
+    const std::string qtype = space == std::string::npos ? "" : rest.substr(space + 1);
+    if ((qtype != "A" && qtype != "AAAA") || !allowed_names_.contains(name)) return;
+    common::log::warn("egress firewall: allowed name has no address yet",
+                      {{"agent", agent_id_}, {"name", name}, {"qtype", qtype}});
+  }
+
   // What stage 1 arms and stage 2 uses (microvm_initramfs.h GuestFirewall).
-  GuestFirewall guestFirewall(const AgentSpec& spec) const {
+  GuestFirewall guestFirewall(const AgentSpec& spec) {
     const firewall::Addressing& net = egress_->addressing();
     GuestFirewall fw;
     fw.ruleset = firewall::sandboxRuleset(net, {});
@@ -365,6 +378,7 @@ class MicrovmBackend final : public Backend {
       if (rule.wildcard) continue;  // `*.x` names are opened when the agent asks for them
       if (std::find(fw.preresolve.begin(), fw.preresolve.end(), rule.name) == fw.preresolve.end()) {
         fw.preresolve.push_back(rule.name);
+        allowed_names_.insert(rule.name);
       }
     }
     return fw;
@@ -422,6 +436,7 @@ class MicrovmBackend final : public Backend {
       if (e.kind == ControlEvent::Kind::kLine) {
         if (guest_ruleset_ && guest_ruleset_->onLine(e.line)) continue;
         if (e.line == "boot") booted = true;
+        if (e.line.rfind("unresolved ", 0) == 0) logUnresolved(e.line.substr(11));
         if (e.line == "armed" && egress_) {
           armed_in_guest_ = true;
           const firewall::Addressing& net = egress_->addressing();
@@ -525,6 +540,8 @@ class MicrovmBackend final : public Backend {
   std::unique_ptr<firewall::Egress> egress_;     ///< egress firewall: veth, host table, forwarder
   std::string netns_;                            ///< egress firewall: QEMU's netns
   bool armed_in_guest_ = false;                  ///< the guest said "armed"
+  std::set<std::string> allowed_names_;          ///< egress firewall: the names pre-resolved
+  std::string agent_id_;                         ///< the sandbox id, for log lines
   pid_t qemu_pid_ = -1;
   common::UniqueFd qemu_fd_;
   bool started_ = false;

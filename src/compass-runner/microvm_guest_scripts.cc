@@ -141,10 +141,15 @@ USER_IDS="$COMPASS_UID:$COMPASS_GID"
 # Seed 000: DNS first, then the allowed names resolved from inside, so they are open before the
 # agent asks (the forwarder adds each answer to the sets through the control loop above).
 for name in $FW_PRERESOLVE; do
-  $B nslookup -type=a "$name" "$FW_GW4" > /dev/null 2>&1 || log "no A for $name yet"
-  $B nslookup -type=aaaa "$name" "$FW_GW4" > /dev/null 2>&1 || log "no AAAA for $name yet"
+  for t in A AAAA; do
+    # An answer holds a "Name:" line; an empty answer, NXDOMAIN or no reply do not.
+    case $($B nslookup -type=$t "$name" "$FW_GW4" 2>&1) in
+      *Name:*) ;;
+      *) echo "unresolved $name $t" >&3 ;;
+    esac
+  done
 done
-unset COMPASS_UID COMPASS_GID COMPASS_PIDS COMPASS_WORKDIR n p P i name
+unset COMPASS_UID COMPASS_GID COMPASS_PIDS COMPASS_WORKDIR n p P i name t
 log "stage 2: starting the agent as $USER_IDS"
 echo up >&3
 # The agent gets no user namespaces (an unprivileged way to the kernel's whole surface).

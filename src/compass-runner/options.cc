@@ -253,18 +253,20 @@ Command parseCommandLine(int argc, const char* const* argv) {
       std::string("Image to run (podman, microvm) (default: ") + image::kDefaultImage + ")");
   auto* rootfs_opt = run_cmd->add_option("--rootfs", run.spec.rootfs,
                                          "Directory to use as the root file system instead of "
-                                         "an image (podman) (default: none)");
+                                         "an image (podman, microvm) (default: none)");
   image_opt->excludes(rootfs_opt);
   rootfs_opt->excludes(image_opt);
   run_cmd->add_option("--memory", memory,
-                      "Memory limit in bytes, or with k/m/g suffix (binary) (default: none)");
+                      "Memory limit in bytes, or with k/m/g suffix (binary) (default: none; "
+                      "microvm: 512m)");
   run_cmd->add_option("--cpus", cpus, "CPU limit, may be fractional (default: none)");
   run_cmd->add_option("--pids", pids, "Task limit (default: none)");
   run_cmd->add_option("--workdir", run.spec.workdir,
                       "Absolute working directory of CMD (default: host tier: the current "
                       "directory; podman: the image's)");
-  run_cmd->add_option("--sidecar-socket", run.spec.sidecar_socket,
-                      "sam-node's API socket, for mesh.sam.alt (default: none)");
+  run_cmd->add_option(
+      "--sidecar-socket", run.spec.sidecar_socket,
+      "sam-node's API socket, for mesh.sam.alt; egress boundary only (default: none)");
   auto* accel_opt = run_cmd->add_option(
       "--accel", run.spec.accel,
       "microvm only: kvm, or tcg (software emulation: slow, for tests; never chosen "
@@ -377,6 +379,7 @@ Command parseCommandLine(int argc, const char* const* argv) {
         }
         const char* env = std::getenv("COMPASS_RUNTIME_BACKEND");
         const std::string tier = run.backend ? *run.backend : (env != nullptr ? env : "");
+        selectBackend(run.backend, env);  // a misspelt tier is named as such, not as --accel's
         if (tier != "microvm") {
           throw RunnerError("--accel: only the microvm tier has an accelerator (the tier here is " +
                             (tier.empty() ? std::string("podman, the default") : tier) + ")");

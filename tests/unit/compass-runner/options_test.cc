@@ -50,6 +50,16 @@ class TempFile {
   std::string path_;
 };
 
+TEST(RunOptionsTest, AMisspeltTierWithAccelIsNamedAsAnUnknownBackend) {
+  // Not "--accel: only the microvm tier has an accelerator": the tier is what is wrong.
+  const std::string msg = refusal({"run", "--backend", "mikrovm", "--accel", "tcg", "--", "true"});
+  EXPECT_NE(msg.find("unknown backend"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("microvm"), std::string::npos) << msg;
+  const std::string podman =
+      refusal({"run", "--backend", "podman", "--accel", "tcg", "--", "true"});
+  EXPECT_NE(podman.find("only the microvm tier has an accelerator"), std::string::npos) << podman;
+}
+
 TEST(RunOptionsTest, EverythingAfterDoubleDashIsTheCommand) {
   const auto c = parse({"run", "--backend", "host", "--workdir", "/tmp", "--", "sh", "-c",
                         "echo hi", "--backend", "podman"});
