@@ -306,6 +306,10 @@ void DnsForwarder::stop() noexcept {
   if (m.io_thread.joinable()) m.io_thread.join();
 }
 
+std::string DnsForwarder::answerDirectly(std::string_view query) {
+  return impl_->answer(query, kMaxUdpReply);
+}
+
 ForwarderStats DnsForwarder::stats() const {
   return {impl_->queries.load(), impl_->answered.load(), impl_->refused.load(),
           impl_->dropped.load()};

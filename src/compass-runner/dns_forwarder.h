@@ -79,6 +79,12 @@ class DnsForwarder {
   void stop() noexcept;
   [[nodiscard]] ForwarderStats stats() const;
 
+  /// Answers `query` (DNS wire format) on the calling thread exactly as one that arrived over
+  /// UDP: the same allowlist, host resolver, admit callback, counters and refusal log; returns
+  /// the reply (empty when none would be sent). For a sandbox whose resolver cannot be reached
+  /// from the host (a microVM guest not yet booted) to pre-resolve its allowed names.
+  std::string answerDirectly(std::string_view query);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

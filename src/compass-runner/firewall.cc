@@ -240,7 +240,12 @@ class FirewallEgress final : public Egress {
     // Seed 000: "DNS is allowlisted first, then names are resolved from inside the sandbox":
     // the ruleset above holds the DNS rule, and each name's A (over IPv4) and AAAA (over IPv6)
     // query now goes from the netns through it to the forwarder, which opens what it answers.
-    step("pre-resolve", [&] { preResolve(allow, ns_path); });
+    step("pre-resolve", [&] {
+      preResolve(allow, [&](const std::string& name, uint16_t qtype, const std::string& server) {
+        return queryFromNetns(ns_path, asio::ip::make_address(server), 53, name, qtype,
+                              kPreResolveTimeout);
+      });
+    });
     logArmed();
   }
 
@@ -276,6 +281,14 @@ class FirewallEgress final : public Egress {
     // The host's copy of the sets first: the guest's answer is what lets the reply go.
     startForwarder(allow, [id = id_, apply = std::move(apply)](const std::vector<AllowElement>& e) {
       return runNft(id, addElementsBatch(e, hostTableName(id)), "") && apply(addElementsBatch(e));
+    });
+    // The guest cannot ask before it boots, so the names are answered here, by the forwarder's
+    // own answer path (the same allowlist, resolver and filter as the guest's queries get):
+    // `apply` then holds their elements before the guest's ruleset is written.
+    step("pre-resolve", [&] {
+      preResolve(allow, [this](const std::string& name, uint16_t qtype, const std::string&) {
+        return parseReply(forwarder_->answerDirectly(buildQuery(0, name, qtype)));
+      });
     });
     logArmed("egress firewall: host side ready (the guest arms its own ruleset)");
   }
@@ -323,15 +336,16 @@ class FirewallEgress final : public Egress {
            0;
   }
 
-  void preResolve(const policy::Allowlist& allow, const std::string& ns_path) {
+  // Each allowed name (not `*.x`) asked A and AAAA, at once; `ask(name, qtype, server)` sends
+  // one query to the resolver at `server` and returns its reply.
+  using AskFn = std::function<ParsedReply(const std::string&, uint16_t, const std::string&)>;
+  void preResolve(const policy::Allowlist& allow, const AskFn& query) {
     for (const auto& rule : allow.rules()) {
       if (rule.wildcard) continue;  // `*.x` names are opened when the agent asks for them
       // A and AAAA at once (each waits on the upstream resolver); checked in this order.
       auto ask = [&](uint16_t qtype, const std::string& server) {
-        return std::async(std::launch::async, [&, qtype, server] {
-          return queryFromNetns(ns_path, asio::ip::make_address(server), 53, rule.name, qtype,
-                                kPreResolveTimeout);
-        });
+        return std::async(std::launch::async,
+                          [&, qtype, server] { return query(rule.name, qtype, server); });
       };
       auto a = ask(kTypeA, net_.host4);
       auto aaaa = ask(kTypeAaaa, net_.host6);

@@ -60,8 +60,10 @@ using ApplyFn = std::function<bool(const std::string& batch)>;
 /// elements it opens to `apply` (required), which must reach the guest's sets. The host table
 /// mirrors the allow sets (hostNatRuleset() `mirror`), filled before `apply` is called, so a
 /// guest whose own ruleset is gone still reaches only what the allowlist opened. Steps, in order:
-/// subnet, veth, bridge, forwarding, host nat, dns forwarder. No pre-resolve here: the guest
-/// resolves its allowed names through the forwarder once its ruleset allows DNS. Throws
+/// subnet, veth, bridge, forwarding, host nat, dns forwarder, pre-resolve. Pre-resolve answers
+/// each allowed name (A and AAAA) through the forwarder's own answer path, as the podman tier's
+/// queries from the netns are answered, so `apply` is first called (from this thread) before
+/// the guest exists: the caller collects those batches into the ruleset the guest loads. Throws
 /// RunnerError("egress firewall: <step>: <reason>"); on throw nothing is left.
 std::unique_ptr<Egress> armForGuest(const std::string& id, const std::string& netns_name,
                                     const std::vector<std::string>& allow, const std::string& tap,

@@ -18,7 +18,6 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "common/log.h"
 #include "compass-runner/backend.h"
 #include "compass-runner/firewall.h"
 #include "compass-runner/image.h"
@@ -34,7 +33,6 @@
 #include "compass-runner/process.h"
 #include "compass-runner/sam_box_process.h"
 #include "compass-runner/state.h"
-#include "policy/allowlist.h"
 
 namespace runner {
 namespace microvm {
@@ -240,7 +238,6 @@ class MicrovmBackend final : public Backend {
 
   Started startSteps(const AgentSpec& spec) {
     state_dir_ = spec.state_dir;
-    agent_id_ = spec.id;
     const std::string socket = spec.state_dir + "/" + kSocketFile;
     QemuConfig q;
     GuestKernel kernel;
@@ -277,9 +274,12 @@ class MicrovmBackend final : public Backend {
       });
       guest_ruleset_ = std::make_unique<GuestRuleset>(*control_);
       step("egress firewall", [&] {
-        egress_ = firewall::armForGuest(
-            spec.id, netns_, spec.egress_allow, kTapName,
-            [ruleset = guest_ruleset_.get()](const std::string& b) { return ruleset->apply(b); });
+        egress_ = firewall::armForGuest(spec.id, netns_, spec.egress_allow, kTapName,
+                                        [this](const std::string& batch) {
+                                          if (guest_exists_) return guest_ruleset_->apply(batch);
+                                          initial_elements_ += batch;  // armForGuest's thread
+                                          return true;
+                                        });
       });
       undo_.emplace_back([this] { egress_->teardown(); });
     } else {
@@ -307,7 +307,7 @@ class MicrovmBackend final : public Backend {
       agent.workdir = spec.workdir.empty() ? "/" : spec.workdir;
       agent.pids = spec.resources.pids;
       agent.command = spec.command;
-      if (firewall) agent.firewall = guestFirewall(spec);
+      if (firewall) agent.firewall = guestFirewall();
       q.initrd = spec.state_dir + "/" + kInitrdFile;
       std::vector<std::string> layers;
       if (!fw_layer.empty()) layers.push_back(fw_layer);
@@ -339,6 +339,7 @@ class MicrovmBackend final : public Backend {
       step("control socket",
            [&] { control_ = std::make_unique<ControlChannel>(q.control_socket); });
     }
+    guest_exists_ = true;
     step("qemu", [&] { spawnQemu(q, firewall ? netns::pathOf(netns_) : ""); });
     writeInfo(q);
     step("guest boot", [&] { awaitGuest(); });
@@ -353,34 +354,16 @@ class MicrovmBackend final : public Backend {
     sam_box_.spawn(o);
   }
 
-  // Stage 2's pre-resolve found no address for an allowed name ("NAME A|AAAA"): said as the
-  // podman tier says it. Only a name the allowlist holds is repeated.
-  void logUnresolved(const std::string& rest) const {
-    const size_t space = rest.find(' ');
-    const std::string name = rest.substr(0, space);
-    const std::string qtype = space == std::string::npos ? "" : rest.substr(space + 1);
-    if ((qtype != "A" && qtype != "AAAA") || !allowed_names_.contains(name)) return;
-    common::log::warn("egress firewall: allowed name has no address yet",
-                      {{"agent", agent_id_}, {"name", name}, {"qtype", qtype}});
-  }
-
   // What stage 1 arms and stage 2 uses (microvm_initramfs.h GuestFirewall).
-  GuestFirewall guestFirewall(const AgentSpec& spec) {
+  GuestFirewall guestFirewall() {
     const firewall::Addressing& net = egress_->addressing();
     GuestFirewall fw;
-    fw.ruleset = firewall::sandboxRuleset(net, {});
+    // The pre-resolved elements in the same batch: loaded with the ruleset, atomically.
+    fw.ruleset = firewall::sandboxRuleset(net, {}) + initial_elements_;
     fw.address4 = net.sandbox4 + "/30";
     fw.address6 = net.sandbox6 + "/64";
     fw.gateway4 = net.host4;
     fw.gateway6 = net.host6;
-    for (const auto& entry : spec.egress_allow) {
-      const policy::AllowRule rule = policy::parseAllowRule(entry);  // checked by armForGuest()
-      if (rule.wildcard) continue;  // `*.x` names are opened when the agent asks for them
-      if (std::find(fw.preresolve.begin(), fw.preresolve.end(), rule.name) == fw.preresolve.end()) {
-        fw.preresolve.push_back(rule.name);
-        allowed_names_.insert(rule.name);
-      }
-    }
     return fw;
   }
 
@@ -436,7 +419,6 @@ class MicrovmBackend final : public Backend {
       if (e.kind == ControlEvent::Kind::kLine) {
         if (guest_ruleset_ && guest_ruleset_->onLine(e.line)) continue;
         if (e.line == "boot") booted = true;
-        if (e.line.rfind("unresolved ", 0) == 0) logUnresolved(e.line.substr(11));
         if (e.line == "armed" && egress_) {
           armed_in_guest_ = true;
           const firewall::Addressing& net = egress_->addressing();
@@ -540,8 +522,10 @@ class MicrovmBackend final : public Backend {
   std::unique_ptr<firewall::Egress> egress_;     ///< egress firewall: veth, host table, forwarder
   std::string netns_;                            ///< egress firewall: QEMU's netns
   bool armed_in_guest_ = false;                  ///< the guest said "armed"
-  std::set<std::string> allowed_names_;          ///< egress firewall: the names pre-resolved
-  std::string agent_id_;                         ///< the sandbox id, for log lines
+  /// egress firewall: `add element` batches the forwarder made before the guest existed
+  /// (armForGuest()'s pre-resolve); they go into the ruleset the guest loads.
+  std::string initial_elements_;
+  std::atomic<bool> guest_exists_{false};  ///< set before QEMU starts: batches go to the guest
   pid_t qemu_pid_ = -1;
   common::UniqueFd qemu_fd_;
   bool started_ = false;

@@ -4,8 +4,7 @@
 // writes one line per event — "boot" (stage 1 runs), "up" (nano-init is being started),
 // "exit N" (the agent's status), "fail REASON" (the launch step gave up) — and reads "stop"
 // (SIGTERM to the agent through nano-init). With egress `firewall` the guest also says "armed"
-// (its ruleset is loaded and checked) and "unresolved NAME A|AAAA" (an allowed name without an
-// address when it was looked up before the agent), and reads "allow SEQ BATCH" (nft commands,
+// (its ruleset is loaded and checked), and reads "allow SEQ BATCH" (nft commands,
 // separated by
 // ';') and answers "allowed SEQ STATUS" (microvm_egress.h).
 

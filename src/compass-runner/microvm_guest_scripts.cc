@@ -138,18 +138,7 @@ export HOME PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 if [ -n "$COMPASS_PIDS" ]; then ulimit -u "$COMPASS_PIDS" || die "ulimit -u $COMPASS_PIDS"; fi
 cd "$COMPASS_WORKDIR" || die "--workdir $COMPASS_WORKDIR: no such directory in the root"
 USER_IDS="$COMPASS_UID:$COMPASS_GID"
-# Seed 000: DNS first, then the allowed names resolved from inside, so they are open before the
-# agent asks (the forwarder adds each answer to the sets through the control loop above).
-for name in $FW_PRERESOLVE; do
-  for t in A AAAA; do
-    # An answer holds a "Name:" line; an empty answer, NXDOMAIN or no reply do not.
-    case $($B nslookup -type=$t "$name" "$FW_GW4" 2>&1) in
-      *Name:*) ;;
-      *) echo "unresolved $name $t" >&3 ;;
-    esac
-  done
-done
-unset COMPASS_UID COMPASS_GID COMPASS_PIDS COMPASS_WORKDIR n p P i name t
+unset COMPASS_UID COMPASS_GID COMPASS_PIDS COMPASS_WORKDIR n p P i
 log "stage 2: starting the agent as $USER_IDS"
 echo up >&3
 # The agent gets no user namespaces (an unprivileged way to the kernel's whole surface).

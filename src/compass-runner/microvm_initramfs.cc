@@ -270,13 +270,8 @@ std::string firewallEnv(const GuestFirewall& fw) {
   checkChars("address6", fw.address6, kAddress);
   checkChars("gateway4", fw.gateway4, kAddress);
   checkChars("gateway6", fw.gateway6, kAddress);
-  std::string names;
-  for (const auto& n : fw.preresolve) {
-    checkChars("allowed name", n, "abcdefghijklmnopqrstuvwxyz0123456789.-");
-    names += (names.empty() ? "" : " ") + n;
-  }
   return "FW_ADDR4=" + fw.address4 + "\nFW_ADDR6=" + fw.address6 + "\nFW_GW4=" + fw.gateway4 +
-         "\nFW_GW6=" + fw.gateway6 + "\nFW_PRERESOLVE=" + shellQuote(names) + "\n";
+         "\nFW_GW6=" + fw.gateway6 + "\n";
 }
 
 }  // namespace

@@ -19,10 +19,9 @@
 // eth0 and says "armed" (seed 002's in-guest-armed marker); then it mounts
 // the erofs root read-only under a tmpfs overlay (writable scratch that dies with the VM) and
 // switch_roots into it. Stage 2 (PID 1 in the agent's root) writes the virtual DNS's
-// resolv.conf (or, with egress `firewall`, the host end as resolver, and looks up the allowed
-// names so the forwarder opens them), says "up", runs `nano-init run --user UID:GID
-// h2+dev://<boundary port> CMD…` (`nano-init supervise --user UID:GID CMD…` with egress
-// `firewall`) with stdout/stderr on their ports, stops it on "stop", applies "allow" batches
+// resolv.conf (or, with egress `firewall`, the host end as resolver), says "up", runs `nano-init
+// run --user UID:GID h2+dev://<boundary port> CMD…` (`nano-init supervise --user UID:GID CMD…` with
+// egress `firewall`) with stdout/stderr on their ports, stops it on "stop", applies "allow" batches
 // to the ruleset, reports "exit N", powers off.
 
 #include <cstdint>
@@ -52,12 +51,12 @@ std::string shellQuote(std::string_view text);
 /// Egress `firewall` in the guest (issue 5): what stage 1 arms before the root is mounted and
 /// stage 2 uses. Addresses as in firewall::Addressing (ruleset.h).
 struct GuestFirewall {
-  std::string ruleset;   ///< sandboxRuleset() text, loaded with `nft -f` in the guest
+  /// sandboxRuleset() text and the pre-resolved `add element` lines, loaded with one `nft -f`
+  std::string ruleset;
   std::string address4;  ///< eth0's IPv4 with prefix, "10.231.0.6/30"
   std::string address6;  ///< eth0's IPv6 with prefix, "fd5a:7c3e:91b4:1::2/64"
   std::string gateway4;  ///< the host end, also the resolver: "10.231.0.5"
   std::string gateway6;  ///< "fd5a:7c3e:91b4:1::1"
-  std::vector<std::string> preresolve;  ///< allowed names (no `*.`) looked up before the agent
 };
 
 /// What stage 2 needs of the agent.

@@ -156,12 +156,14 @@ GuestFirewall guestFirewall() {
   // As MicrovmBackend fills it, from a real slot.
   const firewall::Addressing net = firewall::addressingForSlot(1);
   GuestFirewall fw;
-  fw.ruleset = firewall::sandboxRuleset(net, {});
+  // The pre-resolved elements follow the ruleset (MicrovmBackend appends armForGuest's batches).
+  fw.ruleset =
+      firewall::sandboxRuleset(net, {}) +
+      firewall::addElementsBatch({{asio::ip::make_address("198.51.100.7"), 80, "a.example"}});
   fw.address4 = net.sandbox4 + "/30";
   fw.address6 = net.sandbox6 + "/64";
   fw.gateway4 = net.host4;
   fw.gateway6 = net.host6;
-  fw.preresolve = {"a.example", "b.example"};
   return fw;
 }
 
@@ -185,7 +187,7 @@ TEST(MicrovmFirewallInitramfsTest, AgentArchiveCarriesTheFirewall) {
   ASSERT_EQ(members.count("compass/agent.env"), 1U);
   EXPECT_EQ(members.at("compass/firewall.env").data,
             "FW_ADDR4=" + fw.address4 + "\nFW_ADDR6=" + fw.address6 + "\nFW_GW4=" + fw.gateway4 +
-                "\nFW_GW6=" + fw.gateway6 + "\nFW_PRERESOLVE='a.example b.example'\n");
+                "\nFW_GW6=" + fw.gateway6 + "\n");
   EXPECT_EQ(members.at("compass/firewall.nft").data, fw.ruleset);
   EXPECT_EQ(members.at("compass/firewall.nft").mode, uint32_t{S_IFREG | 0600});
   EXPECT_EQ(members.at("compass/firewall.env").mode, uint32_t{S_IFREG | 0600});
@@ -199,9 +201,8 @@ TEST(MicrovmFirewallInitramfsTest, AgentArchiveCarriesTheFirewall) {
   writeFile(dir.path() + "/agent.env", env);
   EXPECT_EQ(sh(". " + dir.path() + "/firewall.env && . " + dir.path() +
                "/agent.env && printf \"%s|\" \"$FW_ADDR4\" \"$FW_ADDR6\" \"$FW_GW4\" \"$FW_GW6\" "
-               "\"$COMPASS_EGRESS\" && for n in $FW_PRERESOLVE; do printf \"<%s>\" \"$n\"; done"),
-            fw.address4 + "|" + fw.address6 + "|" + fw.gateway4 + "|" + fw.gateway6 +
-                "|firewall|<a.example><b.example>");
+               "\"$COMPASS_EGRESS\""),
+            fw.address4 + "|" + fw.address6 + "|" + fw.gateway4 + "|" + fw.gateway6 + "|firewall|");
 }
 
 TEST(MicrovmFirewallInitramfsTest, NoFirewallNoFirewallFiles) {
@@ -211,15 +212,6 @@ TEST(MicrovmFirewallInitramfsTest, NoFirewallNoFirewallFiles) {
   ASSERT_EQ(members.count("compass/agent.env"), 1U);
   EXPECT_EQ(members.at("compass/agent.env").data, agentEnv(agent()));
   EXPECT_EQ(members.at("compass/agent.env").data.find("COMPASS_EGRESS"), std::string::npos);
-}
-
-TEST(MicrovmFirewallInitramfsTest, NoPreresolveIsAnEmptyWord) {
-  GuestAgent a = agent();
-  a.firewall = guestFirewall();
-  a.firewall->preresolve.clear();
-  const auto members = byName(readCpio(agentCpio(a)));
-  EXPECT_NE(members.at("compass/firewall.env").data.find("\nFW_PRERESOLVE=''\n"),
-            std::string::npos);
 }
 
 TEST(MicrovmFirewallInitramfsTest, HostileFieldsAreRefusedByName) {
@@ -241,9 +233,6 @@ TEST(MicrovmFirewallInitramfsTest, HostileFieldsAreRefusedByName) {
       {"gateway6",
        [](GuestFirewall& f, const std::string& v) { f.gateway6 = v; },
        {"fd00::1&", "$(x)", "fd00::1\""}},
-      {"allowed name",
-       [](GuestFirewall& f, const std::string& v) { f.preresolve.push_back(v); },
-       {"a b.example", "a'b.example", "$x.example", "a\"b", "a;b", "", "A.example", "a\nb"}},
   };
   for (const auto& c : cases) {
     for (const auto& v : c.values) {
