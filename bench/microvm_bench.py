@@ -112,7 +112,8 @@ def main():
     run_argv = [str(runner), "run", "--backend", "microvm", "--accel", args.accel, "--",
                 "echo", MARKER]
 
-    fw_argv = run_argv[:5] + ["--egress", "firewall"] + run_argv[5:]
+    dashes = run_argv.index("--")
+    fw_argv = run_argv[:dashes] + ["--egress", "firewall"] + run_argv[dashes:]
     cases = [("plain", None), ("microvm", run_argv)]
     if not args.no_firewall:
         cases.append(("firewall", fw_argv))
