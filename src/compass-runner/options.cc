@@ -344,7 +344,17 @@ Command parseCommandLine(int argc, const char* const* argv) {
     std::ostringstream out;
     std::ostringstream err;
     const int code = app.exit(e, out, err);
-    return Exit{code == 0 ? 0 : kExitUsage, code == 0 ? out.str() : err.str() + out.str()};
+    if (code == 0) return Exit{0, out.str()};
+    std::string msg = err.str();
+    // CLI11 words a repeated single-value flag as a count ("--egress: At Most 1 required but
+    // received 2"): say what the operator did instead.
+    static constexpr std::string_view kAtMost = ": At Most 1 required but received ";
+    if (const size_t at = msg.find(kAtMost); at != std::string::npos) {
+      const size_t eol = msg.find('\n', at);
+      msg = msg.substr(0, at) + ": given more than once; give it once" +
+            (eol == std::string::npos ? "\n" : msg.substr(eol));
+    }
+    return Exit{kExitUsage, "compass-runner: " + msg + out.str()};
   }
   try {
     // A flag given with an empty value is a mistake, not a request for the default (only

@@ -50,6 +50,13 @@ class TempFile {
   std::string path_;
 };
 
+TEST(RunOptionsTest, AFlagGivenTwiceIsSaidSo) {
+  const std::string msg =
+      refusal({"run", "--egress", "boundary", "--egress", "firewall", "--", "true"});
+  EXPECT_EQ(msg.rfind("compass-runner: --egress: given more than once; give it once\n", 0), 0U)
+      << msg;
+}
+
 TEST(RunOptionsTest, AMisspeltTierWithAccelIsNamedAsAnUnknownBackend) {
   // Not "--accel: only the microvm tier has an accelerator": the tier is what is wrong.
   const std::string msg = refusal({"run", "--backend", "mikrovm", "--accel", "tcg", "--", "true"});
