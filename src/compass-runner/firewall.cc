@@ -280,7 +280,12 @@ class FirewallEgress final : public Egress {
     if (failed) std::rethrow_exception(failed);
     // The host's copy of the sets first: the guest's answer is what lets the reply go.
     startForwarder(allow, [id = id_, apply = std::move(apply)](const std::vector<AllowElement>& e) {
-      return runNft(id, addElementsBatch(e, hostTableName(id)), "") && apply(addElementsBatch(e));
+      if (!runNft(id, addElementsBatch(e, hostTableName(id)), "")) return false;
+      if (apply(addElementsBatch(e))) return true;
+      // The guest did not take them, so the answer will not leave: the host must not keep
+      // them open either (they would count toward no cap).
+      runNft(id, deleteElementsBatch(e, hostTableName(id)), "");
+      return false;
     });
     // The guest cannot ask before it boots, so the names are answered here, by the forwarder's
     // own answer path (the same allowlist, resolver and filter as the guest's queries get):

@@ -42,9 +42,14 @@ std::string commentText(std::string_view name) {
   return out.substr(0, 128);  // nft caps comments at 128 bytes
 }
 
-std::string elementText(const AllowElement& e) {
+std::string elementKey(const AllowElement& e) {
   std::string out = e.address.to_string();
   if (e.port) out += " . " + std::to_string(*e.port);
+  return out;
+}
+
+std::string elementText(const AllowElement& e) {
+  std::string out = elementKey(e);
   const std::string comment = commentText(e.name);
   if (!comment.empty()) out += " comment \"" + comment + "\"";
   return out;
@@ -178,6 +183,15 @@ std::string addElementsBatch(const std::vector<AllowElement>& elements, std::str
   std::string out;
   for (const auto& e : elements) {
     out += "add element inet " + std::string(table) + " " + setFor(e) + " { " + elementText(e) +
+           " }\n";
+  }
+  return out;
+}
+
+std::string deleteElementsBatch(const std::vector<AllowElement>& elements, std::string_view table) {
+  std::string out;
+  for (const auto& e : elements) {
+    out += "delete element inet " + std::string(table) + " " + setFor(e) + " { " + elementKey(e) +
            " }\n";
   }
   return out;

@@ -89,6 +89,10 @@ std::string sandboxRuleset(const Addressing& net, const std::vector<AllowElement
 std::string addElementsBatch(const std::vector<AllowElement>& elements,
                              std::string_view table = kEgressTable);
 
+/// `delete element` commands undoing addElementsBatch(`elements`, `table`): one `nft -f -`
+/// batch, which fails as a whole if any element is missing. Empty input gives "".
+std::string deleteElementsBatch(const std::vector<AllowElement>& elements, std::string_view table);
+
 /// The host table for agent `id` (`table inet compass_nat_<id>`): masquerade for the
 /// sandbox's subnets on both families; forward: from the sandbox anything but the pools,
 /// to it only established/related; input from the sandbox only DNS to its resolver (and

@@ -140,15 +140,27 @@ void configureSandboxLink(const std::string& netns_path, const Addressing& net) 
 
 void bridgeToTap(const std::string& netns_path, const std::string& tap) {
   // The bridge forwards at once (no STP, forward_delay 0) and learns only two MACs: the
-  // guest's and the host end's.
+  // guest's and the host end's. addrgenmode none before each link comes up: no IPv6
+  // link-local address, so the netns has no IP stack a guest could talk to, only frames.
   const std::string batch =
       "link add br0 type bridge stp_state 0 forward_delay 0\n"
       "tuntap add dev " +
       tap +
       " mode tap\n"
-      "link set eth0 master br0\nlink set " +
-      tap + " master br0\nlink set lo up\nlink set eth0 up\nlink set " + tap +
-      " up\nlink set br0 up\n";
+      "link set br0 addrgenmode none\n"
+      "link set eth0 addrgenmode none\n"
+      "link set " +
+      tap +
+      " addrgenmode none\n"
+      "link set eth0 master br0\n"
+      "link set " +
+      tap +
+      " master br0\n"
+      "link set eth0 up\n"
+      "link set " +
+      tap +
+      " up\n"
+      "link set br0 up\n";
   runChecked("bridge", {"ip", "-batch", "-"}, batch, kCommandTimeout, netns_path);
 }
 

@@ -45,7 +45,8 @@ void createVeth(const std::string& id, const std::string& netns_name, const Addr
 void configureSandboxLink(const std::string& netns_path, const Addressing& net);
 
 /// For a microVM guest (firewall::armForGuest()): in the netns, a bridge `br0` holding eth0 and a
-/// new persistent tap device `tap` (for QEMU's `-netdev tap,ifname=TAP`), all up, no address.
+/// new persistent tap device `tap` (for QEMU's `-netdev tap,ifname=TAP`), all up, with no
+/// address at all (IPv6 address generation off: not even a link-local one); lo stays down.
 /// Throws RunnerError with ip's message. The netns's removal removes all three.
 void bridgeToTap(const std::string& netns_path, const std::string& tap);
 

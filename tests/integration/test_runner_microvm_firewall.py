@@ -401,6 +401,11 @@ def test_a_live_guest_has_its_netns_veth_and_nat_table_and_no_sam_box(live):
     links = subprocess.run(["ip", "-n", f"compass-{live.id}", "-d", "-o", "link", "show"],
                            capture_output=True, text=True)
     assert re.search(r"\btun type tap\b", links.stdout), links.stdout + links.stderr
+    # The netns only carries frames: no address on any of its links, not even a link-local
+    # one, so root in the guest finds no IP stack there to talk to.
+    addrs = subprocess.run(["ip", "-n", f"compass-{live.id}", "-o", "addr", "show"],
+                           capture_output=True, text=True)
+    assert addrs.returncode == 0 and not re.search(r"\binet6? ", addrs.stdout), addrs.stdout
 
 
 FETCH = r"""

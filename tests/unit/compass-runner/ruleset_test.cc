@@ -220,6 +220,16 @@ TEST(HostNatRuleset, Golden) {
 )");
 }
 
+TEST(AddElementsBatch, DeleteUndoesAnAddByKeyWithoutComments) {
+  const std::vector<AllowElement> e = {
+      {asio::ip::make_address("198.51.100.7"), 80, "a.example"},
+      {asio::ip::make_address("2001:db8::7"), std::nullopt, "a.example"}};
+  EXPECT_EQ(deleteElementsBatch(e, "compass_nat_a0123456789"),
+            "delete element inet compass_nat_a0123456789 allow4p { 198.51.100.7 . 80 }\n"
+            "delete element inet compass_nat_a0123456789 allow6 { 2001:db8::7 }\n");
+  EXPECT_EQ(deleteElementsBatch({}, "t"), "");
+}
+
 TEST(HostNatRuleset, MirrorLetsTheSandboxOutOnlyToItsAllowSets) {
   // A microVM guest's host table: the same table with the four allow sets, and forward opens
   // only what they hold; everything else of the plain table is unchanged.
