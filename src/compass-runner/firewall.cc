@@ -158,9 +158,10 @@ class FirewallEgress final : public Egress {
       auto [what, fn] = std::move(undo_.back());
       undo_.pop_back();
       try {
-        if (!fn())
+        if (!fn()) {
           common::log::error("egress firewall: teardown step failed",
                              {{"agent", id_}, {"step", what}});
+        }
       } catch (const std::exception& e) {
         common::log::error("egress firewall: teardown step failed",
                            {{"agent", id_}, {"step", what}, {"error", e.what()}});

@@ -56,7 +56,7 @@ class ControlChannel {
   static constexpr std::chrono::milliseconds kSendTimeout{2000};
 
   /// Longest line sendLine() writes (the guest's shell reads each line whole).
-  static constexpr size_t kMaxSendLine = 64 * 1024;
+  static constexpr size_t kMaxSendLine = size_t{64} * 1024;
 
  private:
   common::UniqueFd listener_;

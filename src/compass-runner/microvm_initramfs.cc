@@ -64,7 +64,7 @@ void writeFileAtomically(const std::string& path, const std::string& data, mode_
 
 void appendHex(std::string& out, uint32_t v) {
   char buf[9];
-  std::snprintf(buf, sizeof buf, "%08X", v);
+  (void)std::snprintf(buf, sizeof buf, "%08X", v);
   out.append(buf, 8);
 }
 
@@ -121,8 +121,8 @@ std::string strippedNanoInit(const std::string& nano_init, const std::string& ca
 // one is touched (in use: keep it younger than writeCached()'s clean-up).
 std::string cachedPath(const std::string& cache_dir, const char* prefix, const std::string& key) {
   char hex[17];
-  std::snprintf(hex, sizeof hex, "%016zx", std::hash<std::string>{}(key));
-  const std::string path = cache_dir + "/" + prefix + hex + ".cpio";
+  (void)std::snprintf(hex, sizeof hex, "%016zx", std::hash<std::string>{}(key));
+  std::string path = cache_dir + "/" + prefix + hex + ".cpio";
   if (::access(path.c_str(), R_OK) == 0) ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);
   return path;
 }
@@ -381,8 +381,8 @@ std::string baseInitramfs(const GuestKernel& kernel, const std::string& nano_ini
   key += std::string(guestLibScript()) + std::string(stage1Script()) + std::string(stage2Script()) +
          std::string(fstabEarly()) + std::string(fstabRoot()) + std::string(fstabNew()) +
          kernel.release;
-  const std::string path = cachedPath(cache_dir, "initramfs-", key);
-  if (!path.empty() && ::access(path.c_str(), R_OK) == 0) return path;
+  std::string path = cachedPath(cache_dir, "initramfs-", key);
+  if (::access(path.c_str(), R_OK) == 0) return path;
 
   std::vector<CpioEntry> e = {
       {"bin", S_IFDIR | 0755, "", 0, 0},
@@ -440,7 +440,7 @@ std::string firewallLayer(const GuestKernel& kernel, const std::string& nft,
   // The layer's order file names the base's modules too: a change to those is a new layer.
   for (const auto& m : guestModules()) key += m + ";";
   for (const auto& m : firewallModules()) key += stamp(kernel.modules + "/" + m + ".ko");
-  const std::string path = cachedPath(cache_dir, "fwlayer-", key);
+  std::string path = cachedPath(cache_dir, "fwlayer-", key);
   if (::access(path.c_str(), R_OK) == 0) return path;
 
   std::vector<CpioEntry> e = {{"compass", S_IFDIR | 0700, "", 0, 0},
@@ -465,7 +465,11 @@ void writeAgentInitramfs(const std::string& base, const std::vector<std::string>
   std::ofstream f(out, std::ios::binary | std::ios::app);
   for (const auto& layer : layers) {
     std::ifstream in(layer, std::ios::binary);
-    if (!in || !(f << in.rdbuf())) throw RunnerError("cannot append " + layer + " to " + out);
+    if (!in || !(f << in.rdbuf())) {
+      std::string what = "cannot append ";
+      what.append(layer).append(" to ").append(out);
+      throw RunnerError(what);
+    }
   }
   const std::string archive = agentCpio(agent);
   f.write(archive.data(), static_cast<std::streamsize>(archive.size()));
