@@ -12,6 +12,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <vector>
 
 #include "common/log.h"
 #include "compass-runner/backend.h"
@@ -187,54 +188,64 @@ class FirewallEgress final : public Egress {
     }
   }
 
-  // The podman tier: the netns is the sandbox (addresses, routes, ruleset).
-  void arm(const policy::Allowlist& allow) {
-    const std::string ns_path = netnsPath(netns_name_);
+  // The steps both sandboxes share: the slot, then at once (each an `ip` or `nft` process, so
+  // the start waits for the slowest, not the sum) the host table (`mirror`: hostNatRuleset()),
+  // the veth (under the slot lock) followed by `sandbox_step` (its sandbox end) and forwarding,
+  // and `alongside` when given. Every undo is registered before any of them runs, so that
+  // teardown (newest first) removes the veth, the only way out of the netns, before any table
+  // that filters it; all are joined before the next step or before a failure unwinds, and the
+  // first failure wins.
+  void armLinks(bool mirror, const char* sandbox_step, const std::function<void()>& sandbox,
+                const std::function<void()>& alongside = nullptr) {
     // Held until the slot's addresses are on the host end: they are what marks it taken.
     std::optional<SlotLock> lock;
     step("subnet", [&] {
       lock.emplace();
       net_ = allocateSubnet(*lock);
     });
-    // Three independent chains run at once (each an `ip` or `nft` process, so the start waits
-    // for the slowest, not the sum); every undo is registered before any of them runs, and
-    // all are joined before the next step or before a failure unwinds:
-    // - the netns ruleset, then `verify` of what the kernel holds. It needs only the slot's
-    //   addresses, so the netns is default-drop before its eth0 even comes up. Nothing below
-    //   edits its chains (the forwarder only adds set elements), so the verdict stands;
-    // - the host table, before the forwarder binds the resolver addresses it guards;
-    // - the veth (under the slot lock), then the sandbox's link, here.
-    // Registered so that teardown (newest first) removes the veth, the only way out of the
-    // netns, before either table that filters it.
-    undo_.emplace_back("ruleset", [ns_path] { return removeSandboxTable(ns_path); });
     undo_.emplace_back("host nat", [this] { return removeHostNat(id_); });
     undo_.emplace_back("veth", [this] { return removeVeth(id_); });
-    auto ruleset = std::async(std::launch::async, [&] {
-      named("ruleset", [&] {
-        runChecked("nft", {"nft", "-f", "-"}, sandboxRuleset(net_, {}), kNftTimeout, ns_path);
-      });
-      named("verify", [&] { verify(ns_path); });
-    });
-    auto host_nat = std::async(std::launch::async,
-                               [&] { named("host nat", [&] { installHostNat(id_, net_); }); });
+    std::vector<std::future<void>> chains;
+    if (alongside) chains.push_back(std::async(std::launch::async, alongside));
+    // The host table goes in before the forwarder binds the resolver addresses it guards.
+    chains.push_back(std::async(std::launch::async, [&] {
+      named("host nat", [&] { installHostNat(id_, net_, mirror); });
+    }));
     std::exception_ptr failed;
     try {
       named("veth", [&] { createVeth(id_, netns_name_, net_); });
       lock.reset();
-      named("sandbox link", [&] { configureSandboxLink(ns_path, net_); });
+      named(sandbox_step, sandbox);
       named("forwarding", [] { enableForwarding(); });
     } catch (...) {
       failed = std::current_exception();
     }
-    // Both joined whatever happened above (a future's get() waits), the first failure wins.
-    for (auto* f : {&ruleset, &host_nat}) {
+    for (auto& f : chains) {
       try {
-        f->get();
+        f.get();  // waits, whatever happened above
       } catch (...) {
         if (!failed) failed = std::current_exception();
       }
     }
     if (failed) std::rethrow_exception(failed);
+  }
+
+  // The podman tier: the netns is the sandbox (addresses, routes, ruleset).
+  void arm(const policy::Allowlist& allow) {
+    const std::string ns_path = netnsPath(netns_name_);
+    // Alongside the links: the netns ruleset, then `verify` of what the kernel holds. It needs
+    // only the slot's addresses, so the netns is default-drop before its eth0 even comes up.
+    // Nothing below edits its chains (the forwarder only adds set elements), so the verdict
+    // stands. Its undo goes first, so teardown removes it after the veth.
+    undo_.emplace_back("ruleset", [ns_path] { return removeSandboxTable(ns_path); });
+    armLinks(
+        /*mirror=*/false, "sandbox link", [&] { configureSandboxLink(ns_path, net_); },
+        [&] {
+          named("ruleset", [&] {
+            runChecked("nft", {"nft", "-f", "-"}, sandboxRuleset(net_, {}), kNftTimeout, ns_path);
+          });
+          named("verify", [&] { verify(ns_path); });
+        });
     startForwarder(allow, [id = id_, ns_path](const std::vector<AllowElement>& e) {
       return runNft(id, addElementsBatch(e), ns_path);
     });
@@ -254,31 +265,7 @@ class FirewallEgress final : public Egress {
   // addresses and the ruleset, and `apply` reaches its sets.
   void armForGuest(const policy::Allowlist& allow, const std::string& tap, ApplyFn apply) {
     const std::string ns_path = netnsPath(netns_name_);
-    std::optional<SlotLock> lock;
-    step("subnet", [&] {
-      lock.emplace();
-      net_ = allocateSubnet(*lock);
-    });
-    undo_.emplace_back("host nat", [this] { return removeHostNat(id_); });
-    undo_.emplace_back("veth", [this] { return removeVeth(id_); });
-    auto host_nat = std::async(std::launch::async, [&] {
-      named("host nat", [&] { installHostNat(id_, net_, /*mirror=*/true); });
-    });
-    std::exception_ptr failed;
-    try {
-      named("veth", [&] { createVeth(id_, netns_name_, net_); });
-      lock.reset();
-      named("bridge", [&] { bridgeToTap(ns_path, tap); });
-      named("forwarding", [] { enableForwarding(); });
-    } catch (...) {
-      failed = std::current_exception();
-    }
-    try {
-      host_nat.get();
-    } catch (...) {
-      if (!failed) failed = std::current_exception();
-    }
-    if (failed) std::rethrow_exception(failed);
+    armLinks(/*mirror=*/true, "bridge", [&] { bridgeToTap(ns_path, tap); });
     // The host's copy of the sets first: the guest's answer is what lets the reply go.
     startForwarder(allow, [id = id_, apply = std::move(apply)](const std::vector<AllowElement>& e) {
       if (!runNft(id, addElementsBatch(e, hostTableName(id)), "")) return false;
