@@ -162,22 +162,14 @@ void addModules(std::vector<CpioEntry>& e, const GuestKernel& kernel,
   e.push_back({"lib/modules/" + kernel.release + "/modules.dep", S_IFREG | 0644, dep, 0, 0});
 }
 
-// `nft` as given if it has a slash, else found on PATH or in /usr/sbin and /sbin.
+// `nft` as the runner runs it elsewhere (findProgram(): on PATH unless it has a slash), if it
+// is an executable file.
 std::string findNft(const std::string& nft) {
-  std::vector<std::string> candidates;
-  if (nft.find('/') != std::string::npos) {
-    candidates.push_back(nft);
-  } else {
-    const char* path = std::getenv("PATH");
-    std::string dirs = std::string(path != nullptr ? path : "") + ":/usr/sbin:/sbin";
-    for (size_t start = 0; start <= dirs.size();) {
-      const size_t end = std::min(dirs.find(':', start), dirs.size());
-      if (end > start) candidates.push_back(dirs.substr(start, end - start) + "/" + nft);
-      start = end + 1;
-    }
-  }
-  for (const auto& c : candidates) {
-    if (::access(c.c_str(), X_OK) == 0) return c;
+  try {
+    std::string path = findProgram(nft);
+    if (::access(path.c_str(), X_OK) == 0) return path;
+  } catch (const RunnerError&) {
+    // said below, with what to install
   }
   throw RunnerError(
       "--egress firewall in the microvm tier needs nft on the host, copied into the "

@@ -109,7 +109,7 @@ const std::vector<std::string>& firewallModules();
 
 /// The firewall layer, an archive laid over the base (egress `firewall` only): the modules of
 /// guestModules() and firewallModules() with their order file (replacing the base's), and the
-/// host's `nft` (path `nft`, PATH lookup without a slash) with its shared libraries and loader
+/// host's `nft` (`nft`, found as findProgram() finds it) with its shared libraries and loader
 /// (from ldd(1)) under /compass/nft/. Cached in `cache_dir` like baseInitramfs(). Throws
 /// RunnerError naming what is missing (nft: apt-get install nftables).
 std::string firewallLayer(const GuestKernel& kernel, const std::string& nft,

@@ -396,4 +396,10 @@ std::string runChecked(const std::string& what, const std::vector<std::string>& 
   throw RunnerError(what + ": " + joined + ": " + status + (err.empty() ? "" : ": " + err));
 }
 
+std::string findProgram(const std::string& name) {
+  SpawnOptions opts;
+  opts.argv = {name};
+  return resolveProgram(opts);
+}
+
 }  // namespace runner

@@ -67,6 +67,11 @@ struct CommandResult {
   std::string err;  ///< stderr (capped at 1 MiB)
 };
 
+/// The file spawn() would execute for `name`: `name` itself when it holds a '/', else the first
+/// executable file of that name in a directory of the runner's PATH. Throws RunnerError("cannot
+/// run NAME: not found on PATH (…)").
+std::string findProgram(const std::string& name);
+
 /// Runs argv to completion with `input` on its stdin and output captured; kills it (and its
 /// process group: it runs in a session of its own) after `timeout`. Returns once argv[0]
 /// has exited, with what it wrote; a descendant that keeps the pipes open does not delay it.
