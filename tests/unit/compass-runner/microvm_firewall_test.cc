@@ -1,4 +1,4 @@
-// Egress `firewall` in the microvm tier: QEMU's tap NIC, the agent archive's firewall files
+// Egress `firewall` in the microvm tier: the agent archive's firewall files
 // (read back with a newc reader of the test's own), the firewall modules' load order and the
 // firewall layer built from the real guest kernel and the host's nft. GuestRuleset's tests are
 // in microvm_guest_ruleset_test.cc.
@@ -33,70 +33,16 @@
 #include "compass-runner/microvm_control.h"
 #include "compass-runner/microvm_egress.h"
 #include "compass-runner/microvm_initramfs.h"
-#include "compass-runner/microvm_qemu.h"
 #include "compass-runner/ruleset.h"
 #include "microvm_test_util.h"
 
 namespace runner::microvm {
 namespace {
 
-using namespace std::chrono_literals;
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 using testing::readFile;
 using testing::TempDir;
 using testing::writeFile;
-
-// ---------------------------------------------------------------------------------------------
-// QEMU's NIC
-
-bool has(const std::vector<std::string>& argv, const std::string& a, const std::string& b) {
-  for (size_t i = 0; i + 1 < argv.size(); ++i) {
-    if (argv[i] == a && argv[i + 1] == b) return true;
-  }
-  return false;
-}
-
-bool mentions(const std::vector<std::string>& argv, const std::string& text) {
-  return std::any_of(argv.begin(), argv.end(),
-                     [&](const std::string& a) { return a.find(text) != std::string::npos; });
-}
-
-QemuConfig config() {
-  QemuConfig c;
-  c.kernel = "/k/vmlinuz";
-  c.initrd = "/s/initrd.cpio";
-  c.root_image = "/c/root.erofs";
-  c.console_log = "/s/console.log";
-  c.control_socket = "/s/control.sock";
-  c.pidfile = "/s/qemu.pid";
-  return c;
-}
-
-TEST(MicrovmFirewallQemuTest, TapNicAndNoBoundaryPort) {
-  QemuConfig c = config();
-  c.tap = "tap0";
-  const auto argv = qemuArgv(c);
-  EXPECT_TRUE(has(argv, "-netdev", "tap,id=net0,ifname=tap0,script=no,downscript=no,vhost=off"));
-  EXPECT_TRUE(has(argv, "-device", "virtio-net-device,netdev=net0"));
-  EXPECT_FALSE(mentions(argv, kBoundaryPort));
-  EXPECT_FALSE(mentions(argv, "id=boundary"));
-  // The other ports are all there.
-  EXPECT_TRUE(
-      has(argv, "-device", std::string("virtserialport,chardev=control,name=") + kControlPort));
-  EXPECT_TRUE(mentions(argv, kStdoutPort));
-  EXPECT_TRUE(mentions(argv, kStderrPort));
-}
-
-TEST(MicrovmFirewallQemuTest, BoundaryPortAndNoNic) {
-  QemuConfig c = config();
-  c.boundary_socket = "/s/agent.sock";
-  const auto argv = qemuArgv(c);
-  EXPECT_TRUE(has(argv, "-chardev", "socket,id=boundary,reconnect=1,path=/s/agent.sock"));
-  EXPECT_TRUE(has(argv, "-device", "virtserialport,chardev=boundary,name=compass.boundary"));
-  EXPECT_EQ(std::find(argv.begin(), argv.end(), "-netdev"), argv.end());
-  EXPECT_FALSE(mentions(argv, "virtio-net"));
-}
 
 // ---------------------------------------------------------------------------------------------
 // The agent's archive

@@ -40,11 +40,8 @@ namespace runner::microvm {
 namespace {
 
 using namespace std::chrono_literals;
-namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-using testing::readFile;
 using testing::TempDir;
-using testing::writeFile;
 
 // ---------------------------------------------------------------------------------------------
 // GuestRuleset over a real ControlChannel

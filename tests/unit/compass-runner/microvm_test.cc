@@ -67,6 +67,26 @@ TEST(MicrovmQemuTest, NoNetworkDeviceAndEveryPortNamed) {
   EXPECT_EQ(kernelCommandLine(Accel::kKvm).find("lpj="), std::string::npos);
 }
 
+TEST(MicrovmQemuTest, EgressFirewallGetsATapNicAndNoBoundaryPort) {
+  QemuConfig c = config();
+  c.boundary_socket.clear();
+  c.tap = "tap0";
+  const auto argv = qemuArgv(c);
+  EXPECT_TRUE(has(argv, "-netdev", "tap,id=net0,ifname=tap0,script=no,downscript=no,vhost=off"));
+  EXPECT_TRUE(has(argv, "-device", "virtio-net-device,netdev=net0"));
+  const auto mentions = [&argv](const std::string& text) {
+    return std::any_of(argv.begin(), argv.end(),
+                       [&](const std::string& a) { return a.find(text) != std::string::npos; });
+  };
+  EXPECT_FALSE(mentions(kBoundaryPort));
+  EXPECT_FALSE(mentions("id=boundary"));
+  // The other ports are all there.
+  EXPECT_TRUE(
+      has(argv, "-device", std::string("virtserialport,chardev=control,name=") + kControlPort));
+  EXPECT_TRUE(mentions(kStdoutPort));
+  EXPECT_TRUE(mentions(kStderrPort));
+}
+
 TEST(MicrovmQemuTest, AddFdComesFirstAndFdSetsAreUsed) {
   QemuConfig c = config();
   c.add_fds = {{3, 1}, {4, 2}};
