@@ -15,6 +15,7 @@
 #include "nano-init/check.h"
 #include "nano-init/copy_self.h"
 #include "nano-init/errors.h"
+#include "nano-init/gate.h"
 #include "nano-init/namespaces.h"
 #include "nano-init/options.h"
 #include "nano-init/pid1.h"
@@ -116,9 +117,12 @@ int run(const RunOptions& opts) {
 }
 
 // `nano-init supervise`: run()'s PID 1 duties and nothing else. No namespace, tun0, netstack or
-// resolv.conf: the sandbox's egress is held by other means (the microVM guest's nftables), so
+// resolv.conf: the sandbox's egress is held by other means (nftables in the microVM guest or in
+// the podman netns; `--gate-fd` holds the agent back until the launcher has armed it), so
 // this needs no network stack in the build.
 int supervise(const SuperviseOptions& opts) {
+  // The gate first: until the launcher says egress is armed, nothing of the agent's runs.
+  if (opts.gate_fd) awaitGate(*opts.gate_fd);
   asio::io_context io;
   Supervisor supervisor(io);
   spawnAgent(supervisor, opts.command, opts.user);

@@ -99,7 +99,8 @@ int commandStart(int argc, const char* const* argv) {
   if (sub != "run" && sub != "supervise") return argc;
   for (int i = 2; i < argc; ++i) {
     const std::string_view word = argv[i];
-    if (word == "--user" || (sub == "run" && word == "--ingress-socket")) {
+    if (word == "--user" || (sub == "run" && word == "--ingress-socket") ||
+        (sub == "supervise" && word == "--gate-fd")) {
       ++i;  // its value
       continue;
     }
@@ -160,6 +161,11 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
       "elsewhere): reaping, signals, exit status");
   std::string supervise_user;
   auto* supervise_user_opt = supervise_cmd->add_option("--user", supervise_user, kUserHelp);
+  std::string gate_fd;
+  auto* gate_fd_opt = supervise_cmd->add_option(
+      "--gate-fd", gate_fd,
+      "Start CMD only once the line \"armed\" arrives on this inherited descriptor (3 or "
+      "above); if it is closed first, exit 70 without starting CMD");
   supervise_cmd->footer(
       "CMD [ARGS…] follow the options; everything from CMD on is passed through.");
 
@@ -188,6 +194,14 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
     if (supervise_user_opt->count() > 0) {
       supervise.user = parseUser(supervise_user);
       if (!supervise.user) return Exit{2, badUser("supervise", supervise_user)};
+    }
+    if (gate_fd_opt->count() > 0) {
+      uint32_t fd = 0;
+      if (!parseU32(gate_fd, &fd) || fd < 3 || fd > 65535) {
+        return Exit{2, "supervise: invalid --gate-fd '" + gate_fd +
+                           "': expected a descriptor number from 3 to 65535\n"};
+      }
+      supervise.gate_fd = static_cast<int>(fd);
     }
     return supervise;
   }

@@ -1,7 +1,7 @@
 #pragma once
 // The command line (issue 3 "Commands"):
 //   nano-init run [--create-namespaces] [--ingress-socket PATH] BOUNDARY CMD [ARGS…]
-//   nano-init supervise [--user UID:GID] CMD [ARGS…]
+//   nano-init supervise [--user UID:GID] [--gate-fd N] CMD [ARGS…]
 //   nano-init copy DEST
 //   nano-init check
 // Parsing is pure so that tests can check every refusal.
@@ -49,6 +49,8 @@ struct RunOptions {
 struct SuperviseOptions {
   /// --user UID:GID, as for RunOptions::user.
   std::optional<std::pair<uint32_t, uint32_t>> user;
+  /// --gate-fd N (3..65535): CMD starts only once gate.h's awaitGate(N) returns.
+  std::optional<int> gate_fd;
   std::vector<std::string> command;
 };
 

@@ -6,6 +6,7 @@ the same duties with no network set-up at all, so its tests run it in the host's
 namespace: it must touch no network there."""
 
 import os
+import pathlib
 import signal
 import stat
 import subprocess
@@ -254,6 +255,75 @@ def test_supervise_forwards_sigterm(sup_dir):
     finally:
         p.kill()
         p.wait()
+
+
+def _gated(sup_dir, name):
+    """Starts `nano-init supervise --user nobody --gate-fd 3 sh -c 'touch MARKER'` with a pipe's
+    read end as its fd 3; returns (process, write end, marker). close_fds=False: the only
+    descriptor it inherits besides stdio is that fd 3 (os.pipe() ends are close-on-exec)."""
+    marker = sup_dir / name
+    r, w = os.pipe()
+
+    def as_fd3():
+        os.dup2(r, 3)
+        os.set_inheritable(3, True)
+
+    p = subprocess.Popen([str(NANO_INIT), "supervise", "--user", f"{NOBODY}:{NOBODY}",
+                          "--gate-fd", "3", "sh", "-c", f"touch {marker}"],
+                         preexec_fn=as_fd3, close_fds=False, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, text=True)
+    os.close(r)
+    return p, w, marker
+
+
+def _blocked_reading_fd3(pid):
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/syscall").read_text().split()
+    except OSError:
+        return False
+    return len(fields) > 1 and fields[0] == "0" and int(fields[1], 16) == 3  # read(3, …)
+
+
+def test_supervise_gate_holds_the_agent_until_armed(sup_dir):
+    p, w, marker = _gated(sup_dir, "gate-opened")
+    try:
+        boxlib.wait_for(lambda: _blocked_reading_fd3(p.pid), timeout=10,
+                        what="nano-init to wait on its gate")
+        assert not marker.exists()
+        assert pathlib.Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().strip() == ""
+        os.write(w, b"armed\n")
+        os.close(w)
+        w = -1
+        out, err = p.communicate(timeout=10)
+        assert p.returncode == 0, err
+        assert marker.exists()
+    finally:
+        if w >= 0:
+            os.close(w)
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.parametrize("line", [b"", b"ok\n", b"armed"], ids=["closed", "other", "no-newline"])
+def test_supervise_gate_closed_unopened_never_starts_the_agent(sup_dir, line):
+    p, w, marker = _gated(sup_dir, f"gate-refused-{len(line)}")
+    try:
+        os.write(w, line)
+        os.close(w)
+        _, err = p.communicate(timeout=10)
+        assert p.returncode == 70, err
+        assert "egress gate (fd 3)" in err and "the agent was not started" in err, err
+        assert not marker.exists()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_supervise_gate_that_is_not_open_is_refused(sup_dir):
+    marker = sup_dir / "gate-missing"
+    r = run_supervise(["--gate-fd", "9", "touch", str(marker)])
+    assert r.returncode == 70 and "egress gate (fd 9)" in r.stderr, r.stderr
+    assert not marker.exists()
 
 
 def test_supervise_refuses_bad_usage(sup_dir):

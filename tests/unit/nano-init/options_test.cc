@@ -181,5 +181,35 @@ TEST(ResolvTest, RecognizesAFileThatAlreadyNamesTheVirtualDns) {
   EXPECT_TRUE(resolv::alreadyPointsAtVirtualDns(resolv::generated()));
 }
 
+TEST(OptionsTest, SuperviseTakesAGateDescriptor) {
+  auto p = parse({"supervise", "--gate-fd", "3", "--user", "1:1", "sh", "-c", "x"});
+  const auto* sup = std::get_if<SuperviseOptions>(&p);
+  ASSERT_NE(sup, nullptr);
+  EXPECT_EQ(sup->gate_fd, 3);
+  EXPECT_EQ(sup->command, (std::vector<std::string>{"sh", "-c", "x"}));
+  p = parse({"supervise", "--gate-fd=17", "true", "--gate-fd", "4"});  // the last two are CMD's
+  sup = std::get_if<SuperviseOptions>(&p);
+  ASSERT_NE(sup, nullptr);
+  EXPECT_EQ(sup->gate_fd, 17);
+  EXPECT_EQ(sup->command, (std::vector<std::string>{"true", "--gate-fd", "4"}));
+  p = parse({"supervise", "true"});
+  ASSERT_NE(std::get_if<SuperviseOptions>(&p), nullptr);
+  EXPECT_FALSE(std::get<SuperviseOptions>(p).gate_fd.has_value());
+}
+
+TEST(OptionsTest, SuperviseRefusesAStdioOrMalformedGateDescriptor) {
+  for (const char* bad : {"0", "1", "2", "-3", "x", "3x", "65536", "99999999999", ""}) {
+    const auto p = parse({"supervise", "--gate-fd", bad, "true"});
+    const auto* exit = std::get_if<Exit>(&p);
+    ASSERT_NE(exit, nullptr) << bad;
+    EXPECT_EQ(exit->exit_code, 2) << bad;
+    EXPECT_NE(exit->message.find("--gate-fd"), std::string::npos) << bad;
+  }
+  // run has no gate: its agent waits for nothing but nano-init's own set-up.
+  const auto p = parse({"run", "--gate-fd", "3", "/run/agent.sock", "true"});
+  ASSERT_NE(std::get_if<Exit>(&p), nullptr);
+  EXPECT_EQ(std::get<Exit>(p).exit_code, 2);
+}
+
 }  // namespace
 }  // namespace nanoinit

@@ -1,0 +1,20 @@
+#pragma once
+// The exec gate of `nano-init supervise --gate-fd N` (seed 002: the agent is executed only once
+// its egress is armed; the podman tier's `--egress firewall` arms the netns while podman starts
+// the container, and opens this gate when the ruleset is verified).
+
+#include <string_view>
+
+namespace nanoinit {
+
+/// What the launcher writes on the gate once egress is armed: exactly this line.
+inline constexpr std::string_view kGateOpen = "armed\n";
+
+/// Blocks until the launcher writes kGateOpen on `fd` (a pipe or stream socket end), then
+/// closes `fd`, so the agent never inherits it. Reads at most 64 bytes, up to the first '\n';
+/// retries EINTR. Throws StepError("egress gate (fd N): <reason>") if `fd` is below 3 or not
+/// open, if the launcher closes it without writing the line (it failed to arm, or died), or if
+/// it writes anything else; the caller must not start the agent then.
+void awaitGate(int fd);
+
+}  // namespace nanoinit
