@@ -143,8 +143,11 @@ bool runNft(const std::string& id, const std::string& batch, const std::string& 
 
 class FirewallEgress final : public Egress {
  public:
-  FirewallEgress(std::string id, std::string netns_name)
-      : id_(std::move(id)), netns_name_(std::move(netns_name)) {}
+  FirewallEgress(std::string id, std::string netns_name,
+                 std::function<void(const Addressing&)> on_addressed = nullptr)
+      : id_(std::move(id)),
+        netns_name_(std::move(netns_name)),
+        on_addressed_(std::move(on_addressed)) {}
   ~FirewallEgress() override { teardown(); }
 
   [[nodiscard]] std::string resolverAddress() const override { return net_.host4; }
@@ -203,6 +206,7 @@ class FirewallEgress final : public Egress {
       lock.emplace();
       net_ = allocateSubnet(*lock);
     });
+    if (on_addressed_) on_addressed_(net_);
     undo_.emplace_back("host nat", [this] { return removeHostNat(id_); });
     undo_.emplace_back("veth", [this] { return removeVeth(id_); });
     std::vector<std::future<void>> chains;
@@ -393,6 +397,7 @@ class FirewallEgress final : public Egress {
 
   std::string id_;
   std::string netns_name_;
+  std::function<void(const Addressing&)> on_addressed_;
   Addressing net_;
   std::unique_ptr<DnsForwarder> forwarder_;
   std::vector<std::pair<std::string, std::function<bool()>>> undo_;
@@ -423,9 +428,10 @@ policy::Allowlist checkedAllowlist(const std::string& id, const std::string& net
 }  // namespace
 
 std::unique_ptr<Egress> arm(const std::string& id, const std::string& netns_name,
-                            const std::vector<std::string>& allow) {
+                            const std::vector<std::string>& allow,
+                            const std::function<void(const Addressing&)>& on_addressed) {
   const policy::Allowlist list = checkedAllowlist(id, netns_name, allow);
-  auto egress = std::make_unique<FirewallEgress>(id, netns_name);
+  auto egress = std::make_unique<FirewallEgress>(id, netns_name, on_addressed);
   try {
     egress->arm(list);
   } catch (...) {

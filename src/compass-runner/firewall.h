@@ -42,8 +42,14 @@ class Egress {
 /// verify. `id` must be 1..12 characters of [a-z0-9]. Throws RunnerError("egress firewall:
 /// <step>: <reason>"); on throw nothing is left. Call teardown() only once the agent's
 /// processes are gone (the veth goes first, so no path out remains while the ruleset goes).
+/// `on_addressed`, when given, is called once on the calling thread as soon as the slot is
+/// chosen, before anything is made, with the final addresses (its host4/host6 are the
+/// resolver): a caller arming on another thread can start the container meanwhile, holding
+/// the agent back until arm() returns. It must not throw; it is not called if arm() fails
+/// before the slot is chosen.
 std::unique_ptr<Egress> arm(const std::string& id, const std::string& netns_name,
-                            const std::vector<std::string>& allow);
+                            const std::vector<std::string>& allow,
+                            const std::function<void(const Addressing&)>& on_addressed = nullptr);
 
 /// Applies one batch of `add element` commands (addElementsBatch(), one command per line) to
 /// wherever the sandbox's ruleset lives; returns true once the elements are in its sets. Called

@@ -483,6 +483,9 @@ def _podman_firewall_ready():
 # Each check prints "name=value"; the tests below read them. `|| true` everywhere: the
 # script must reach its end whatever one check does.
 AGENT_SCRIPT = f"""
+echo "first=$(curl -sS --max-time 5 http://{rh.DENIED_V4}/ >/dev/null 2>&1; echo $?)"
+echo "pid1=$(tr '\\0' ' ' </proc/1/cmdline)"
+echo "sockets=$(ls -l /proc/$$/fd /proc/1/fd 2>/dev/null | grep -c socket:)"
 echo "uid=$(id -u)"
 echo "hostuid=$(awk '$1 <= 1000 && 1000 < $1 + $3 {{ print $2 + 1000 - $1 }}' /proc/self/uid_map)"
 echo "capeff=$(awk '/^CapEff/ {{ print $2 }}' /proc/self/status)"
@@ -539,6 +542,59 @@ def test_podman_agent_is_unprivileged(podman_agent):
     assert o["capeff"] == "0000000000000000"
     assert o["nft_flush"] != "0" and o["ip_link_add"] != "0"
     assert o["v4_after"] == rh.ALLOWED  # the flush attempt changed nothing
+
+
+def test_podman_agent_starts_behind_the_armed_gate(podman_agent):
+    # podman starts the container while the runner arms the netns; the container's first
+    # process is nano-init's exec gate, so even the agent's very first packet meets the ruleset.
+    o = podman_agent["out"]
+    assert o["first"] == str(CURL_CONNECT_FAILED), o
+    assert o["pid1"].startswith("/run/sam/nano-init supervise --gate-fd 3 sh -c"), o
+    assert o["sockets"] == "0", o  # the gate's descriptor is closed before the agent runs
+
+
+def test_podman_arming_failure_never_runs_the_agent(runner_hosts, tmp):
+    # An `nft` that refuses the netns's ruleset (and runs the real one for everything else):
+    # arming fails after podman has started the container, so the gate must close unopened.
+    why = _podman_firewall_ready()
+    if why:
+        pytest.skip(why)
+    real = shutil.which("nft")
+    fake_dir = pathlib.Path(tmp) / "fake-nft"
+    fake_dir.mkdir()
+    fake = fake_dir / "nft"
+    fake.write_text(f"""#!/bin/sh
+if [ "$1" = "-f" ]; then
+  input=$(cat)
+  case "$input" in
+    *"table inet compass_egress"*"policy drop"*) echo "fake nft: refused" >&2; exit 1 ;;
+  esac
+  printf '%s\\n' "$input" | exec {real} "$@"
+fi
+exec {real} "$@"
+""")
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake_dir}:{os.environ.get('PATH', '/usr/sbin:/usr/bin')}")
+    before = _agent_traces()
+    r = subprocess.run(
+        [str(RUNNER), "run", "--backend", "podman", "--egress", "firewall", "--egress-allow",
+         rh.ALLOWED, "--", "sh", "-c", "echo AGENT-RAN"],
+        env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    assert r.returncode != 0, r
+    assert "AGENT-RAN" not in r.stdout + r.stderr
+    assert "egress firewall: ruleset:" in r.stderr and "fake nft: refused" in r.stderr, r.stderr
+    assert "closed before egress was armed" in r.stderr  # nano-init's gate said why
+    assert _agent_traces() == before  # no container, netns, veth or host table left
+
+
+def _agent_traces():
+    """Every agent container, netns, host veth and host table on the machine."""
+    containers = sh("podman", "ps", "-a", "--filter", "label=compass.agent", "--format",
+                    "{{.Names}}").stdout.split()
+    netns = sorted(p.name for p in pathlib.Path("/run/netns").glob("compass-*"))
+    links = re.findall(r"^\d+: (cv[a-z0-9]+)[@:]", sh("ip", "-o", "link", "show").stdout, re.M)
+    tables = re.findall(r"table inet (compass_nat_\w+)", sh("nft", "list", "tables").stdout)
+    return sorted(containers), netns, sorted(links), sorted(tables)
 
 
 def test_podman_agent_sees_no_terminal(podman_agent):
