@@ -241,14 +241,33 @@ class FirewallEgress final : public Egress {
     // only the slot's addresses, so the netns is default-drop before its eth0 even comes up.
     // Nothing below edits its chains (the forwarder only adds set elements), so the verdict
     // stands. Its undo goes first, so teardown removes it after the veth.
+    // The sandbox link (eth0 up, addresses, routes) waits for the verdict: eth0 is created
+    // down, so until the ruleset is verified the netns has no way out even if something in it
+    // is already running (podman starts the container while this arms).
     undo_.emplace_back("ruleset", [ns_path] { return removeSandboxTable(ns_path); });
+    std::promise<void> verified;
+    std::shared_future<void> verdict = verified.get_future().share();
     armLinks(
-        /*mirror=*/false, "sandbox link", [&] { configureSandboxLink(ns_path, net_); },
+        /*mirror=*/false, "sandbox link",
         [&] {
-          named("ruleset", [&] {
-            runChecked("nft", {"nft", "-f", "-"}, sandboxRuleset(net_, {}), kNftTimeout, ns_path);
-          });
-          named("verify", [&] { verify(ns_path); });
+          try {
+            verdict.get();
+          } catch (...) {
+            return;  // eth0 stays down; the ruleset's chain reports its own failure
+          }
+          configureSandboxLink(ns_path, net_);
+        },
+        [&] {
+          try {
+            named("ruleset", [&] {
+              runChecked("nft", {"nft", "-f", "-"}, sandboxRuleset(net_, {}), kNftTimeout, ns_path);
+            });
+            named("verify", [&] { verify(ns_path); });
+            verified.set_value();
+          } catch (...) {
+            verified.set_exception(std::current_exception());
+            throw;
+          }
         });
     startForwarder(allow, [id = id_, ns_path](const std::vector<AllowElement>& e) {
       return runNft(id, addElementsBatch(e), ns_path);

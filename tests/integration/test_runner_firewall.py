@@ -30,6 +30,8 @@ import time
 
 import pytest
 
+import boxlib
+
 from runner_hosts import runner_hosts  # noqa: F401 (a fixture)
 import runner_hosts as rh
 
@@ -549,32 +551,38 @@ def test_podman_agent_starts_behind_the_armed_gate(podman_agent):
     # process is nano-init's exec gate, so even the agent's very first packet meets the ruleset.
     o = podman_agent["out"]
     assert o["first"] == str(CURL_CONNECT_FAILED), o
-    assert o["pid1"].startswith("/run/sam/nano-init supervise --gate-fd 3 sh -c"), o
+    assert o["pid1"].startswith("/run/sam/nano-init supervise --gate-fd 3 -- sh -c"), o
     assert o["sockets"] == "0", o  # the gate's descriptor is closed before the agent runs
 
 
-def test_podman_arming_failure_never_runs_the_agent(runner_hosts, tmp):
-    # An `nft` that refuses the netns's ruleset (and runs the real one for everything else):
-    # arming fails after podman has started the container, so the gate must close unopened.
-    why = _podman_firewall_ready()
-    if why:
-        pytest.skip(why)
+def _fake_nft(tmp, name, on_ruleset):
+    """A directory holding an `nft` that runs `on_ruleset` (shell) when given the netns's
+    default-drop ruleset to load, and the real nft for everything else."""
     real = shutil.which("nft")
-    fake_dir = pathlib.Path(tmp) / "fake-nft"
+    fake_dir = pathlib.Path(tmp) / name
     fake_dir.mkdir()
     fake = fake_dir / "nft"
     fake.write_text(f"""#!/bin/sh
 if [ "$1" = "-f" ]; then
   input=$(cat)
   case "$input" in
-    *"table inet compass_egress"*"policy drop"*) echo "fake nft: refused" >&2; exit 1 ;;
+    *"table inet compass_egress"*"policy drop"*) {on_ruleset} ;;
   esac
   printf '%s\\n' "$input" | exec {real} "$@"
 fi
 exec {real} "$@"
 """)
     fake.chmod(0o755)
-    env = dict(os.environ, PATH=f"{fake_dir}:{os.environ.get('PATH', '/usr/sbin:/usr/bin')}")
+    return dict(os.environ, PATH=f"{fake_dir}:{os.environ.get('PATH', '/usr/sbin:/usr/bin')}")
+
+
+def test_podman_arming_failure_never_runs_the_agent(runner_hosts, tmp):
+    # An `nft` that refuses the netns's ruleset: arming fails after podman has started the
+    # container, so the gate must close unopened.
+    why = _podman_firewall_ready()
+    if why:
+        pytest.skip(why)
+    env = _fake_nft(tmp, "nft-refuses", 'echo "fake nft: refused" >&2; exit 1')
     before = _agent_traces()
     r = subprocess.run(
         [str(RUNNER), "run", "--backend", "podman", "--egress", "firewall", "--egress-allow",
@@ -585,6 +593,43 @@ exec {real} "$@"
     assert "egress firewall: ruleset:" in r.stderr and "fake nft: refused" in r.stderr, r.stderr
     assert "closed before egress was armed" in r.stderr  # nano-init's gate said why
     assert _agent_traces() == before  # no container, netns, veth or host table left
+
+
+def test_podman_netns_has_no_way_out_until_its_ruleset_is_verified(runner_hosts, tmp):
+    # A slow ruleset load (a loaded host): the container already sits in the netns at its gate,
+    # so eth0 must stay down, with no route, for as long as the netns has no ruleset.
+    why = _podman_firewall_ready()
+    if why:
+        pytest.skip(why)
+    env = _fake_nft(tmp, "nft-slow", "sleep 2")
+    before = set(pathlib.Path("/run/netns").glob("compass-*"))
+    p = subprocess.Popen(
+        [str(RUNNER), "run", "--backend", "podman", "--egress", "firewall", "--egress-allow",
+         rh.ALLOWED, "--", "sh", "-c", f"curl -sS --max-time 5 http://{rh.ALLOWED}/"],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        ns = boxlib.wait_for(
+            lambda: next(iter(set(pathlib.Path("/run/netns").glob("compass-*")) - before), None),
+            timeout=30, what="the agent's netns")
+        samples = 0
+        while p.poll() is None:
+            table = sh("ip", "netns", "exec", ns.name, "nft", "list", "table", "inet",
+                       "compass_egress", check=False)
+            if table.returncode == 0:
+                break  # armed: from here on eth0 may be up
+            link = sh("ip", "-n", ns.name, "-o", "link", "show", "eth0", check=False).stdout
+            routes = sh("ip", "-n", ns.name, "route", "show", "default", check=False).stdout
+            assert not re.search(r"[<,]UP[,>]", link), link
+            assert routes.strip() == "", routes
+            samples += 1
+        assert samples > 0, "the ruleset was never seen missing: the fake nft did not delay it"
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        assert out.strip() == rh.ALLOWED  # armed in the end, and the allowed name works
+    finally:
+        p.kill()
+        p.wait()
 
 
 def _agent_traces():
