@@ -23,6 +23,7 @@
 #include <string_view>
 #include <thread>
 
+#include "compass-runner/elf_check.h"
 #include "compass-runner/firewall.h"
 #include "compass-runner/image.h"
 #include "compass-runner/netns.h"
@@ -38,7 +39,17 @@
 namespace runner {
 namespace podman {
 
-std::string findNanoInit() { return findCompanion("COMPASS_NANO_INIT", "nano-init"); }
+std::string findNanoInit() {
+  std::string path = findCompanion("COMPASS_NANO_INIT", "nano-init");
+  if (!isStaticElf(path)) {
+    throw RunnerError(path +
+                      ": nano-init is not a statically linked executable (a sanitizer build?); "
+                      "as the sandbox's first process it would load the sandbox's own ld.so, "
+                      "libc and LD_PRELOAD before holding the agent back: use the static build "
+                      "(bash scripts/build)");
+  }
+  return path;
+}
 
 namespace {
 
@@ -330,7 +341,7 @@ class PodmanBackend final : public Backend {
       gate_ = step("exec gate", [] { return makeGate(); });
       pass_fds.push_back(gate_.remote.get());
       mounts = {{nano_init_bin, kSandboxNanoInit, true}};
-      argv = {kSandboxNanoInit, "supervise", "--gate-fd", "3"};
+      argv = {kSandboxNanoInit, "supervise", "--gate-fd", "3", "--"};
     }
     argv.insert(argv.end(), spec.command.begin(), spec.command.end());
 

@@ -32,7 +32,9 @@ inline constexpr std::chrono::seconds kContainerStartTimeout{120};
 inline constexpr const char* kAgentUser = "1000:1000";
 
 /// The nano-init binary: $COMPASS_NANO_INIT, else next to compass-runner (sam_box_process.h
-/// findCompanion()). Throws RunnerError naming where it looked.
+/// findCompanion()). Throws RunnerError naming where it looked, or if that file is not a
+/// statically linked ELF (elf_check.h): the sandbox's first process must load nothing of the
+/// sandbox's.
 std::string findNanoInit();
 
 }  // namespace runner::podman
