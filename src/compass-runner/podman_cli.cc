@@ -60,6 +60,15 @@ std::vector<std::string> runArgs(const RunSpec& spec) {
       "--security-opt",
       "no-new-privileges",
       "--no-hosts",
+      // Nothing the image says runs beside the agent or outlives it: no healthcheck (podman
+      // would `exec` the image's command on a timer, outside nano-init), no anonymous volume
+      // for the image's VOLUMEs (left behind by every run), and the stop signal is SIGTERM
+      // whatever the image's STOPSIGNAL, so `stop` reaches the agent as documented.
+      "--no-healthcheck",
+      "--image-volume",
+      "ignore",
+      "--stop-signal",
+      "SIGTERM",
       "--pull",
       "never",
       "--pids-limit",
@@ -121,7 +130,7 @@ bool containerExists(const std::string& conf, const std::string& name) {
 
 bool removeContainer(const std::string& conf, const std::string& name) noexcept {
   try {
-    run(conf, {"rm", "--force", "--time", "0", "--ignore", name});
+    run(conf, {"rm", "--force", "--volumes", "--time", "0", "--ignore", name});
     return !containerExists(conf, name);
   } catch (const std::exception&) {
     return false;

@@ -64,7 +64,9 @@ struct RunSpec {
 /// `podman run` arguments (without the podman/env prefix) for `spec`: --name, --label,
 /// --network ns:, --preserve-fds, --uidmap/--gidmap, --user, --cap-drop all,
 /// --security-opt no-new-privileges, --dns, --no-hosts (the host's /etc/hosts never reaches the
-/// sandbox: its names must go through the sandbox's resolver), --pull never (no registry),
+/// sandbox: its names must go through the sandbox's resolver), --no-healthcheck, --image-volume
+/// ignore, --stop-signal SIGTERM (the image's HEALTHCHECK, VOLUME and STOPSIGNAL are not
+/// obeyed), --pull never (no registry),
 /// limits, mounts, -w, --pidfile, --entrypoint. Never -t or -i: the agent sees no terminal.
 std::vector<std::string> runArgs(const RunSpec& spec);
 
@@ -88,8 +90,8 @@ std::string runChecked(const std::string& what, const std::string& conf,
 /// True if the container exists (any state).
 bool containerExists(const std::string& conf, const std::string& name);
 
-/// `podman rm -f -t 0 --ignore`, then checks it is gone. Returns false (never throws) if it
-/// is still there.
+/// `podman rm -f -v -t 0 --ignore` (anonymous volumes too), then checks it is gone. Returns false
+/// (never throws) if it is still there.
 bool removeContainer(const std::string& conf, const std::string& name) noexcept;
 
 /// The agent ids of every container labelled compass.agent (any state).

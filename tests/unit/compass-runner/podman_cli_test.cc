@@ -60,6 +60,10 @@ TEST(PodmanRunArgs, BoundaryAgent) {
   EXPECT_EQ(valuesOf(a, "--pull"), V{"never"});
   EXPECT_EQ(valuesOf(a, "--pids-limit"), V{std::to_string(kDefaultPids)});
   EXPECT_TRUE(has(a, "--no-hosts"));
+  // The image's HEALTHCHECK, VOLUMEs and STOPSIGNAL are not obeyed.
+  EXPECT_TRUE(has(a, "--no-healthcheck"));
+  EXPECT_EQ(valuesOf(a, "--image-volume"), V{"ignore"});
+  EXPECT_EQ(valuesOf(a, "--stop-signal"), V{"SIGTERM"});
   EXPECT_EQ(valuesOf(a, "--volume"),
             (V{"/run/compass-runner/a0123456789/agent.sock:/run/sam/agent.sock",
                "/usr/lib/compass/nano-init:/run/sam/nano-init:ro"}));
