@@ -1,5 +1,7 @@
 #include "nano-init/options.h"
 
+#include <algorithm>
+
 #include <CLI/CLI.hpp>
 
 #include <charconv>
@@ -89,7 +91,8 @@ std::optional<Boundary> parseBoundary(const std::string& text, std::string* reas
 namespace {
 
 // Where CMD starts: in `nano-init run [OPTIONS] BOUNDARY CMD…` after the first word that is not
-// an option or an option's value; in `nano-init supervise [OPTIONS] CMD…` at that word. CLI11
+// an option or an option's value; in `nano-init supervise [OPTIONS] CMD…` at that word. A `--`
+// ends the options, so a CMD that begins with "-" is still the agent's. CLI11
 // sees only the words before it: its prefix_command() still takes known options found after a
 // positional, so `run BOUNDARY --help` would print nano-init's help instead of running the
 // agent's `--help`.
@@ -103,6 +106,9 @@ int commandStart(int argc, const char* const* argv) {
         (sub == "supervise" && word == "--gate-fd")) {
       ++i;  // its value
       continue;
+    }
+    if (word == "--") {  // the end of our options: BOUNDARY (run) or CMD (supervise) follows
+      return sub == "run" ? std::min(i + 2, argc) : i + 1;
     }
     if (word.starts_with("-")) continue;  // a flag, or --option=value
     // run: argv[i] is BOUNDARY; supervise: argv[i] is CMD.

@@ -211,5 +211,26 @@ TEST(OptionsTest, SuperviseRefusesAStdioOrMalformedGateDescriptor) {
   EXPECT_EQ(std::get<Exit>(p).exit_code, 2);
 }
 
+TEST(OptionsTest, DoubleDashEndsOurOptionsSoACommandMayBeginWithADash) {
+  auto p = parse({"supervise", "--gate-fd", "3", "--", "--help"});
+  const auto* sup = std::get_if<SuperviseOptions>(&p);
+  ASSERT_NE(sup, nullptr);
+  EXPECT_EQ(sup->gate_fd, 3);
+  EXPECT_EQ(sup->command, (std::vector<std::string>{"--help"}));
+  p = parse({"supervise", "--", "--user", "0:0", "id"});
+  sup = std::get_if<SuperviseOptions>(&p);
+  ASSERT_NE(sup, nullptr);
+  EXPECT_FALSE(sup->user.has_value());
+  EXPECT_EQ(sup->command, (std::vector<std::string>{"--user", "0:0", "id"}));
+  p = parse({"run", "--", "/run/sam/agent.sock", "--help"});
+  const auto* run = std::get_if<RunOptions>(&p);
+  ASSERT_NE(run, nullptr);
+  EXPECT_EQ(run->boundary, "/run/sam/agent.sock");
+  EXPECT_EQ(run->command, (std::vector<std::string>{"--help"}));
+  p = parse({"supervise", "--"});  // nothing after it: still no CMD
+  ASSERT_NE(std::get_if<Exit>(&p), nullptr);
+  EXPECT_EQ(std::get<Exit>(p).exit_code, 2);
+}
+
 }  // namespace
 }  // namespace nanoinit
