@@ -442,6 +442,11 @@ class PodmanBackend final : public Backend {
     // stdin is /dev/null (no -i); stdout/stderr are the runner's. Own session: the operator's
     // Ctrl-C reaches the runner, which stops the container in order.
     s.new_session = true;
+    // Behind the exec gate, podman outlives a killed runner: it finishes the start, nano-init
+    // finds the gate closed and exits, and `gc` removes an exited container. Killed half-way
+    // (between `runc create` and `runc start`), it would leave a runc container that podman no
+    // longer knows and so `gc` cannot remove.
+    s.die_with_parent = gate_.remote.get() < 0;
     {
       std::lock_guard lock(stop_mutex_);
       podman_pid_ = spawn(s);

@@ -632,6 +632,45 @@ def test_podman_netns_has_no_way_out_until_its_ruleset_is_verified(runner_hosts,
         p.wait()
 
 
+def test_podman_runner_killed_while_arming_never_runs_the_agent_and_gc_cleans(runner_hosts, tmp):
+    # kill -9 of the runner while it arms (a slow nft holds it there): podman, which outlives
+    # it, finishes the start; the gate is closed, so the agent never runs; gc removes the rest,
+    # runc's state included.
+    why = _podman_firewall_ready()
+    if why:
+        pytest.skip(why)
+    env = _fake_nft(tmp, "nft-slow-kill", "sleep 2")
+    before = _agent_traces()
+    runc_before = set(sh("runc", "list", "-q").stdout.split())
+    out = pathlib.Path(tmp) / "killed-runner.out"
+    with open(out, "w") as sink:
+        p = subprocess.Popen(
+            [str(RUNNER), "run", "--backend", "podman", "--egress", "firewall", "--", "sh", "-c",
+             "echo AGENT-RAN"], env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
+            start_new_session=True)
+    ns = boxlib.wait_for(
+        lambda: next(iter(set(pathlib.Path("/run/netns").glob("compass-*")) - set(
+            pathlib.Path(f"/run/netns/{n}") for n in before[1])), None),
+        timeout=30, what="the agent's netns")
+    name = ns.name  # the container has the netns's name
+    boxlib.wait_for(lambda: sh("podman", "ps", "-a", "--filter", f"name=^{name}$", "--format",
+                               "{{.Names}}").stdout.strip(),
+                    timeout=60, what="podman to create the container while the runner arms")
+    p.kill()
+    p.wait()
+    status = boxlib.wait_for(
+        lambda: sh("podman", "ps", "-a", "--filter", f"name=^{name}$", "--format",
+                   "{{.Status}}").stdout.strip().startswith("Exited") and
+        sh("podman", "ps", "-a", "--filter", f"name=^{name}$", "--format",
+           "{{.Status}}").stdout.strip(),
+        timeout=60, what="the container to end at its closed gate")
+    assert status.startswith("Exited (70)"), status
+    assert "AGENT-RAN" not in out.read_text()
+    sh(str(RUNNER), "gc")
+    assert _agent_traces() == before
+    assert set(sh("runc", "list", "-q").stdout.split()) <= runc_before
+
+
 def _agent_traces():
     """Every agent container, netns, host veth and host table on the machine."""
     containers = sh("podman", "ps", "-a", "--filter", "label=compass.agent", "--format",
