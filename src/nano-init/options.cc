@@ -168,10 +168,15 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
   std::string supervise_user;
   auto* supervise_user_opt = supervise_cmd->add_option("--user", supervise_user, kUserHelp);
   std::string gate_fd;
-  auto* gate_fd_opt = supervise_cmd->add_option(
-      "--gate-fd", gate_fd,
-      "Start CMD only once the line \"armed\" arrives on this inherited descriptor (3 or "
-      "above); if it is closed first, exit 70 without starting CMD");
+  auto* gate_fd_opt =
+      supervise_cmd
+          ->add_option(
+              "--gate-fd", gate_fd,
+              "Start CMD only once the line \"armed\" arrives on this inherited descriptor (3 or "
+              "above); if it is closed first, exit 70 without starting CMD (default: none, CMD "
+              "starts "
+              "at once)")
+          ->type_name("FD");
   supervise_cmd->footer(
       "CMD [ARGS…] follow the options; everything from CMD on is passed through.");
 
