@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -32,6 +33,20 @@ class RunnerError : public std::runtime_error {
 class SpecRefused : public RunnerError {
  public:
   using RunnerError::RunnerError;
+};
+
+/// start() saw, before the agent was executed, that the runner had been asked to stop
+/// (AgentSpec::stop_signal): what it made is undone and the agent never ran. `signal()` is the
+/// signal number (the runner exits 128 + it, as for a stop before start()).
+class StoppedBeforeStart : public RunnerError {
+ public:
+  explicit StoppedBeforeStart(int sig)
+      : RunnerError("stopped by signal " + std::to_string(sig) + " before the agent started"),
+        sig_(sig) {}
+  [[nodiscard]] int signal() const { return sig_; }
+
+ private:
+  int sig_;
 };
 
 /// How egress is held (seed 002 "Egress"; DESIGN.md "Two egress mechanisms").
@@ -71,6 +86,10 @@ struct AgentSpec {
   std::vector<std::string> command;  ///< CMD ARGS… after `--`; never empty
   std::string sidecar_socket;        ///< sam-node's API socket for mesh.sam.alt; empty = none
   std::string accel;  ///< --accel kvm|tcg (microvm tier only); empty = kvm, never tcg silently
+  /// The first stop signal (SIGINT, SIGTERM, SIGHUP) the runner has received so far, 0 if none;
+  /// may be empty. A backend that holds the agent at an exec gate asks it just before opening
+  /// the gate, and throws StoppedBeforeStart instead of starting an agent only to stop it.
+  std::function<int()> stop_signal;
 };
 
 /// What a started agent looks like to the roster (written to its state dir's agent.json).

@@ -379,6 +379,12 @@ class PodmanBackend final : public Backend {
           throw;
         }
       });
+      // A stop asked for while arming: the gate stays shut (the undos remove the container)
+      // rather than start the agent only to stop it.
+      if (const int sig = spec.stop_signal ? spec.stop_signal() : 0; sig != 0) {
+        gate_.local.reset();
+        throw StoppedBeforeStart(sig);
+      }
       step("exec gate", [&] { openGate(); });
     }
     started_ = true;

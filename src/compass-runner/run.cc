@@ -146,7 +146,12 @@ int runAgent(const RunOptions& opts) {
       say(std::string("stopped by SIG") + sigabbrev_np(sig) + " before the agent started");
       return 128 + sig;
     }
+    spec.stop_signal = [&watcher] { return watcher.signal(); };
     started = backend->start(spec);
+  } catch (const StoppedBeforeStart& e) {
+    removeQuietly(spec.state_dir);
+    say(std::string("stopped by SIG") + sigabbrev_np(e.signal()) + " before the agent started");
+    return 128 + e.signal();
   } catch (const SpecRefused& e) {
     removeQuietly(spec.state_dir);
     say(std::string("refusing to start: ") + e.what());

@@ -671,6 +671,33 @@ def test_podman_runner_killed_while_arming_never_runs_the_agent_and_gc_cleans(ru
     assert set(sh("runc", "list", "-q").stdout.split()) <= runc_before
 
 
+def test_podman_sigterm_while_arming_keeps_the_gate_shut(runner_hosts, tmp):
+    # The operator stops the runner while it arms: the agent must not start only to be
+    # stopped; the runner exits 128+15 and leaves nothing.
+    why = _podman_firewall_ready()
+    if why:
+        pytest.skip(why)
+    env = _fake_nft(tmp, "nft-slow-term", "sleep 2")
+    before = _agent_traces()
+    p = subprocess.Popen(
+        [str(RUNNER), "run", "--backend", "podman", "--egress", "firewall", "--", "sh", "-c",
+         "echo AGENT-RAN"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        boxlib.wait_for(lambda: sh("podman", "ps", "-a", "--filter", "label=compass.agent",
+                                   "--format", "{{.Names}}").stdout.split() != before[0],
+                        timeout=60, what="podman to create the container while the runner arms")
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM before the agent started" in err, err
+    assert "AGENT-RAN" not in out + err
+    assert _agent_traces() == before
+
+
 def _agent_traces():
     """Every agent container, netns, host veth and host table on the machine."""
     containers = sh("podman", "ps", "-a", "--filter", "label=compass.agent", "--format",
