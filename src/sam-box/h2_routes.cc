@@ -220,7 +220,7 @@ asio::awaitable<void> H2Session::streamTcp(H2Stream& s, FlowRecord& record) {
     upstream = TcpSocket(agent_.get_executor());
     if (!co_await server_.connectUpstream(upstream, ep, connect_deadline, &timed_out)) {
       connected = true;
-      record.address = ep.address().to_string();
+      record.address = addressText(ep.address());
       break;
     }
     if (timed_out || s.closed) break;

@@ -54,18 +54,30 @@ Metrics::Metrics() {
   }
 }
 
-void Metrics::flow(std::string_view outcome, std::string_view route) {
-  ++flows_[labels({{"outcome", outcome}, {"route", route}})];
+int64_t& Metrics::series(Series& family, std::string_view key1, std::string_view value1,
+                         std::string_view key2, std::string_view value2) {
+  // The label set is built in a reused buffer and looked up; a string is allocated only for a
+  // series seen for the first time (a flow costs five lookups, and this is on its path).
+  scratch_.assign("{").append(key1).append("=\"").append(value1).append("\"");
+  if (!key2.empty()) scratch_.append(",").append(key2).append("=\"").append(value2).append("\"");
+  scratch_.append("}");
+  auto it = family.find(scratch_);
+  if (it == family.end()) it = family.emplace(scratch_, 0).first;
+  return it->second;
 }
-void Metrics::refusal(std::string_view reason) { ++refusals_[labels({{"reason", reason}})]; }
+
+void Metrics::flow(std::string_view outcome, std::string_view route) {
+  ++series(flows_, "outcome", outcome, "route", route);
+}
+void Metrics::refusal(std::string_view reason) { ++series(refusals_, "reason", reason); }
 void Metrics::bytes(std::string_view direction, std::string_view route, uint64_t n) {
-  bytes_[labels({{"direction", direction}, {"route", route}})] += static_cast<int64_t>(n);
+  series(bytes_, "direction", direction, "route", route) += static_cast<int64_t>(n);
 }
 void Metrics::inProgress(std::string_view route, int delta) {
-  in_progress_[labels({{"route", route}})] += delta;
+  series(in_progress_, "route", route) += delta;
 }
-void Metrics::limitHit(std::string_view limit) { ++limits_[labels({{"limit", limit}})]; }
-void Metrics::ingress(std::string_view outcome) { ++ingress_[labels({{"outcome", outcome}})]; }
+void Metrics::limitHit(std::string_view limit) { ++series(limits_, "limit", limit); }
+void Metrics::ingress(std::string_view outcome) { ++series(ingress_, "outcome", outcome); }
 
 int64_t Metrics::flowsInProgress() const {
   int64_t total = 0;

@@ -37,7 +37,11 @@ class Metrics {
 
  private:
   using Series = std::map<std::string, int64_t>;  // rendered label set -> value
+  /// The value of `family`'s series {key1="value1"[,key2="value2"]}, created at 0 if new.
+  int64_t& series(Series& family, std::string_view key1, std::string_view value1,
+                  std::string_view key2 = {}, std::string_view value2 = {});
   Series flows_, refusals_, bytes_, in_progress_, limits_, ingress_;
+  std::string scratch_;  ///< series()'s label set, reused
 };
 
 }  // namespace sambox

@@ -94,16 +94,20 @@ void Resolver::remember(const std::string& name, const std::vector<asio::ip::add
   cache_[name] = CacheEntry{addresses, now + cache_ttl_};
 }
 
+bool Resolver::cached(const std::string& name, std::vector<asio::ip::address>* addresses) {
+  auto hit = cache_.find(name);
+  if (hit == cache_.end()) return false;
+  if (hit->second.expires > std::chrono::steady_clock::now()) {
+    *addresses = hit->second.addresses;
+    return true;
+  }
+  cache_.erase(hit);
+  return false;
+}
+
 asio::awaitable<ResolveResult> Resolver::resolve(std::string name,
                                                  asio::steady_timer::time_point deadline) {
-  if (auto hit = cache_.find(name); hit != cache_.end()) {
-    if (hit->second.expires > std::chrono::steady_clock::now()) {
-      ResolveResult cached;
-      cached.addresses = hit->second.addresses;
-      co_return cached;
-    }
-    cache_.erase(hit);
-  }
+  if (ResolveResult hit; cached(name, &hit.addresses)) co_return hit;
   std::shared_ptr<Lookup> lookup;
   if (auto it = running_.find(name); it != running_.end()) {
     lookup = it->second;

@@ -52,6 +52,10 @@ class Resolver {
   /// Completes on the io_context's thread by `deadline` at the latest (timed_out = true).
   /// Must be called on the io_context's thread.
   asio::awaitable<ResolveResult> resolve(std::string name, asio::steady_timer::time_point deadline);
+  /// The part of resolve() that needs no waiting: if `name`'s answer is cached and fresh,
+  /// copies it to `*addresses` and returns true (an expired entry is dropped). Then resolve()
+  /// would have returned that answer; a flow asks here first to spare itself a coroutine.
+  bool cached(const std::string& name, std::vector<asio::ip::address>* addresses);
 
   /// Worker threads started so far (at most `threads`).
   [[nodiscard]] size_t threadsStarted() const;

@@ -17,6 +17,7 @@
 #include <asio/write.hpp>
 
 #include <array>
+#include <optional>
 #include <vector>
 
 namespace sambox {
@@ -35,9 +36,49 @@ int resolveFailureStatus(const char* reason) {
 
 }  // namespace
 
+size_t sendNow(asio::local::stream_protocol::socket& socket, std::string_view data,
+               asio::error_code& ec) {
+  for (;;) {
+    const ssize_t n =
+        ::send(socket.native_handle(), data.data(), data.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n >= 0) return static_cast<size_t>(n);
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) ec.assign(errno, asio::system_category());
+    return 0;
+  }
+}
+
+std::string addressText(const asio::ip::address& addr) {
+  if (!addr.is_v4()) return addr.to_string();
+  const auto bytes = addr.to_v4().to_bytes();
+  char text[16];  // "255.255.255.255"
+  size_t n = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (i > 0) text[n++] = '.';
+    const unsigned v = bytes[i];
+    if (v >= 100) text[n++] = static_cast<char>('0' + v / 100);
+    if (v >= 10) text[n++] = static_cast<char>('0' + v / 10 % 10);
+    text[n++] = static_cast<char>('0' + v % 10);
+  }
+  return std::string(text, n);
+}
+
 /// Every address must be permitted: a name with one address in forbidden space, or on one
 /// of this host's own interfaces, is refused outright, since no legitimate public name points
 /// there and trying "the other ones" would let a hostile resolver choose.
+const char* Server::judgeAddresses(const std::vector<asio::ip::address>& addresses,
+                                   std::string* offending) {
+  for (const auto& addr : addresses) {
+    const bool local = local_addresses_.contains(addr);
+    if (!config_.destinations.permits(addr) ||
+        (local && !config_.destinations.allowsExplicitly(addr))) {
+      *offending = addr.to_string();
+      return kReasonForbiddenAddress;
+    }
+  }
+  return nullptr;
+}
+
 asio::awaitable<std::vector<asio::ip::address>> Server::resolvePermitted(
     const Decision& d, asio::steady_timer::time_point deadline, const char** reason,
     std::string* offending) {
@@ -51,38 +92,31 @@ asio::awaitable<std::vector<asio::ip::address>> Server::resolvePermitted(
     *reason = kReasonResolveFailed;
     co_return std::vector<asio::ip::address>{};
   }
-  for (const auto& addr : result.addresses) {
-    const bool local = local_addresses_.contains(addr);
-    if (!config_.destinations.permits(addr) ||
-        (local && !config_.destinations.allowsExplicitly(addr))) {
-      *reason = kReasonForbiddenAddress;
-      *offending = addr.to_string();
-      co_return std::vector<asio::ip::address>{};
-    }
+  if (const char* why = judgeAddresses(result.addresses, offending)) {
+    *reason = why;
+    co_return std::vector<asio::ip::address>{};
   }
   co_return std::move(result.addresses);
 }
 
-asio::awaitable<std::vector<asio::ip::address>> Server::resolveOrRefuse(
-    UnixSocket& agent, Flow& flow, asio::steady_timer::time_point deadline) {
-  const char* reason = nullptr;
-  auto addresses =
-      co_await resolvePermitted(flow.record.decision, deadline, &reason, &flow.record.address);
-  if (addresses.empty()) {
-    co_await refuse(agent, flow, resolveFailureStatus(reason), reason,
-                    reason != kReasonForbiddenAddress);
+bool Server::resolveCached(Flow& flow, std::vector<asio::ip::address>* addresses,
+                           const char** reason) {
+  // Only answers are cached (never failures), so the cached path fails only by an address.
+  if (!resolver_.cached(flow.record.decision.name, addresses)) return false;
+  if (const char* why = judgeAddresses(*addresses, &flow.record.address)) {
+    *reason = why;
+    addresses->clear();
   }
-  co_return addresses;
+  return true;
 }
 
-asio::awaitable<asio::error_code> Server::connectUpstream(TcpSocket& upstream,
-                                                          const asio::ip::tcp::endpoint& ep,
-                                                          asio::steady_timer& deadline,
-                                                          bool* timed_out) {
+asio::error_code Server::startConnect(TcpSocket& upstream, const asio::ip::tcp::endpoint& ep,
+                                      bool* pending) {
+  *pending = false;
   asio::error_code ec;
   upstream.open(ep.protocol(), ec);
   if (!ec) upstream.native_non_blocking(true, ec);
-  if (ec) co_return ec;
+  if (ec) return ec;
   const int fd = upstream.native_handle();
   // A second connect(2) reports how the first one went without waiting: 0 once the handshake
   // is done (on loopback or a near host it is, by the time the first call returns), EALREADY
@@ -90,10 +124,16 @@ asio::awaitable<asio::error_code> Server::connectUpstream(TcpSocket& upstream,
   int rc = ::connect(fd, ep.data(), static_cast<socklen_t>(ep.size()));
   if (rc != 0 && errno == EINPROGRESS)
     rc = ::connect(fd, ep.data(), static_cast<socklen_t>(ep.size()));
-  if (rc == 0 || errno == EISCONN) co_return asio::error_code();
-  if (errno != EALREADY && errno != EINPROGRESS) {
-    co_return asio::error_code(errno, asio::system_category());
-  }
+  if (rc == 0 || errno == EISCONN) return {};
+  if (errno != EALREADY && errno != EINPROGRESS) return {errno, asio::system_category()};
+  *pending = true;
+  return {};
+}
+
+asio::awaitable<asio::error_code> Server::finishConnect(TcpSocket& upstream,
+                                                        asio::steady_timer& deadline,
+                                                        bool* timed_out) {
+  asio::error_code ec;
   asio::error_code timer_ec;
   auto result = co_await (
       upstream.async_wait(asio::socket_base::wait_write, asio::redirect_error(use_awaitable, ec)) ||
@@ -105,24 +145,52 @@ asio::awaitable<asio::error_code> Server::connectUpstream(TcpSocket& upstream,
   if (ec) co_return ec;
   int err = 0;
   socklen_t len = sizeof err;
-  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+  if (::getsockopt(upstream.native_handle(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
   co_return err == 0 ? asio::error_code() : asio::error_code(err, asio::system_category());
 }
 
+asio::awaitable<asio::error_code> Server::connectUpstream(TcpSocket& upstream,
+                                                          const asio::ip::tcp::endpoint& ep,
+                                                          asio::steady_timer& deadline,
+                                                          bool* timed_out) {
+  bool pending = false;
+  const asio::error_code ec = startConnect(upstream, ep, &pending);
+  if (!pending) co_return ec;
+  co_return co_await finishConnect(upstream, deadline, timed_out);
+}
+
 asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
+  // The usual flow (a cached name, an upstream that accepts at once, an agent socket with
+  // room for the answer) runs here without a coroutine of its own or a timer: the waiting
+  // parts are entered only when there is something to wait for.
   const auto deadline = asio::steady_timer::clock_type::now() + kConnectTimeout;
-  const auto addresses = co_await resolveOrRefuse(agent, flow, deadline);
-  if (addresses.empty()) co_return;
-  asio::steady_timer connect_deadline(io_, deadline);
+  std::vector<asio::ip::address> addresses;
+  const char* reason = nullptr;
+  if (!resolveCached(flow, &addresses, &reason)) {
+    addresses =
+        co_await resolvePermitted(flow.record.decision, deadline, &reason, &flow.record.address);
+  }
+  if (addresses.empty()) {
+    co_await refuse(agent, flow, resolveFailureStatus(reason), reason,
+                    reason != kReasonForbiddenAddress);
+    co_return;
+  }
+  std::optional<asio::steady_timer> connect_deadline;
   TcpSocket upstream(io_);
   bool connected = false;
   bool timed_out = false;
   for (const auto& addr : addresses) {
     const asio::ip::tcp::endpoint ep(addr, flow.record.decision.port);
     upstream = TcpSocket(io_);
-    if (!co_await connectUpstream(upstream, ep, connect_deadline, &timed_out)) {
+    bool pending = false;
+    asio::error_code connect_ec = startConnect(upstream, ep, &pending);
+    if (pending) {
+      if (!connect_deadline) connect_deadline.emplace(io_, deadline);
+      connect_ec = co_await finishConnect(upstream, *connect_deadline, &timed_out);
+    }
+    if (!connect_ec) {
       connected = true;
-      flow.record.address = ep.address().to_string();
+      flow.record.address = addressText(ep.address());
       break;
     }
     if (timed_out) break;
@@ -140,8 +208,12 @@ asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
   agent.set_option(asio::socket_base::send_buffer_size(kAgentSendBufferBytes), ignored);
 
   asio::error_code ec;
-  co_await asio::async_write(agent, asio::buffer(proto::successResponse(flow.kind)),
-                             asio::redirect_error(use_awaitable, ec));
+  const std::string response = proto::successResponse(flow.kind);
+  const size_t sent = sendNow(agent, response, ec);
+  if (!ec && sent < response.size()) {
+    co_await asio::async_write(agent, asio::buffer(response.data() + sent, response.size() - sent),
+                               asio::redirect_error(use_awaitable, ec));
+  }
   if (!ec && !flow.early_data.empty()) {
     co_await asio::async_write(upstream, asio::buffer(flow.early_data),
                                asio::redirect_error(use_awaitable, ec));
@@ -160,8 +232,17 @@ asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
 
 asio::awaitable<void> Server::externalUdp(UnixSocket& agent, Flow& flow) {
   const auto deadline = asio::steady_timer::clock_type::now() + kConnectTimeout;
-  const auto addresses = co_await resolveOrRefuse(agent, flow, deadline);
-  if (addresses.empty()) co_return;
+  std::vector<asio::ip::address> addresses;
+  const char* reason = nullptr;
+  if (!resolveCached(flow, &addresses, &reason)) {
+    addresses =
+        co_await resolvePermitted(flow.record.decision, deadline, &reason, &flow.record.address);
+  }
+  if (addresses.empty()) {
+    co_await refuse(agent, flow, resolveFailureStatus(reason), reason,
+                    reason != kReasonForbiddenAddress);
+    co_return;
+  }
   const asio::ip::udp::endpoint target(addresses.front(), flow.record.decision.port);
   asio::ip::udp::socket upstream(io_);
   asio::error_code ec;

@@ -136,7 +136,6 @@ asio::awaitable<Server::Head> Server::readHead(UnixSocket& agent) {
   // read instead of living as long as the flow.
   Head head;
   proto::TunnelRequestParser parser;
-  std::array<char, kReadBufferBytes> buf;  // NOLINT(cppcoreguidelines-pro-type-member-init)
   using Status = proto::TunnelRequestParser::Status;
   auto status = Status::kNeedMore;
   // The bytes of the last feed(), for the early data after the head.
@@ -145,9 +144,8 @@ asio::awaitable<Server::Head> Server::readHead(UnixSocket& agent) {
   // head differs from it at its first byte, so for HTTP/1.1 this stays empty.
   std::string sniff;
   bool sniffing = true;
-  // Takes `n` read bytes: either detects HTTP/2 (head.h2) or feeds the HTTP/1.1 parser.
-  auto take = [&](size_t n) {
-    std::string_view data(buf.data(), n);
+  // Takes read bytes: either detects HTTP/2 (head.h2) or feeds the HTTP/1.1 parser.
+  auto take = [&](std::string_view data) {
     if (sniffing) {
       const std::string_view held = sniff.empty() ? data : sniff.append(data);
       const PrefaceMatch match = matchH2Preface(held);
@@ -167,19 +165,21 @@ asio::awaitable<Server::Head> Server::readHead(UnixSocket& agent) {
     status = parser.feed(data);
   };
   // The client writes its request right after connecting, so it is usually here already:
-  // read it without arming the head timer at all.
+  // read it without arming the head timer at all, into the server's buffer (this read
+  // does not wait, so flows never share it across a wait).
   asio::error_code ec;
   agent.non_blocking(true, ec);
   size_t first = 0;
-  if (!ec) first = agent.read_some(asio::buffer(buf), ec);
+  if (!ec) first = agent.read_some(asio::buffer(head_buffer_), ec);
   if (!ec) {
-    take(first);
+    take(std::string_view(head_buffer_.data(), first));
   } else if (ec != asio::error::would_block && ec != asio::error::try_again) {
     head.closed = true;
     co_return head;
   }
   if (head.h2) co_return head;
   if (status == Status::kNeedMore) {
+    std::vector<char> buf(kReadBufferBytes);  // this flow's own, for reads that wait
     asio::steady_timer deadline(io_, kHeadReadTimeout);
     while (status == Status::kNeedMore) {
       asio::error_code timer_ec;
@@ -196,7 +196,7 @@ asio::awaitable<Server::Head> Server::readHead(UnixSocket& agent) {
         head.closed = true;
         co_return head;
       }
-      take(std::get<0>(result));
+      take(std::string_view(buf.data(), std::get<0>(result)));
       if (head.h2) co_return head;
     }
   }

@@ -4,6 +4,7 @@
 // them all; each connection is one coroutine, and no flow has a thread of its own.
 
 #include "sam-box/classify.h"
+#include "sam-box/limits.h"
 #include "sam-box/local_addresses.h"
 #include "sam-box/metrics.h"
 #include "sam-box/options.h"
@@ -16,6 +17,7 @@
 #include <asio/local/stream_protocol.hpp>
 #include <asio/steady_timer.hpp>
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,14 +77,23 @@ class Server {
   asio::awaitable<std::vector<asio::ip::address>> resolvePermitted(
       const Decision& d, asio::steady_timer::time_point deadline, const char** reason,
       std::string* offending);
-  /// resolvePermitted() for the flow's target; on failure answers the agent (403/502/504)
-  /// and records the flow, then returns an empty list.
-  asio::awaitable<std::vector<asio::ip::address>> resolveOrRefuse(
-      UnixSocket& agent, Flow& flow, asio::steady_timer::time_point deadline);
+  /// nullptr if every address may be connected to; else forbidden-address, with `*offending`
+  /// set to the first one refused.
+  [[nodiscard]] const char* judgeAddresses(const std::vector<asio::ip::address>& addresses,
+                                           std::string* offending);
+  /// resolvePermitted() for the flow's target when its answer is cached (no waiting): false
+  /// if it is not. Else true, with the permitted addresses, or none and `*reason`.
+  bool resolveCached(Flow& flow, std::vector<asio::ip::address>* addresses, const char** reason);
   /// Opens `upstream` and connects it to `ep` by `deadline` (then `*timed_out` is set).
   asio::awaitable<asio::error_code> connectUpstream(TcpSocket& upstream,
                                                     const asio::ip::tcp::endpoint& ep,
                                                     asio::steady_timer& deadline, bool* timed_out);
+  /// connectUpstream() in two parts: what needs no waiting (opening, and the connect(2)s,
+  /// which on a near host already finish the handshake), then, only if `*pending`, the wait.
+  asio::error_code startConnect(TcpSocket& upstream, const asio::ip::tcp::endpoint& ep,
+                                bool* pending);
+  asio::awaitable<asio::error_code> finishConnect(TcpSocket& upstream, asio::steady_timer& deadline,
+                                                  bool* timed_out);
   asio::awaitable<void> externalTcp(UnixSocket& agent, Flow& flow);
   asio::awaitable<void> externalUdp(UnixSocket& agent, Flow& flow);
   asio::awaitable<void> meshEntrypoint(UnixSocket& agent, Flow& flow);
@@ -97,6 +108,9 @@ class Server {
   LocalAddresses local_addresses_;
   PipePool pipes_{kRelayPipeBytes, kRelayIdlePipes};
   size_t active_flows_ = 0;
+  /// readHead()'s first read, which never waits: one buffer for every flow instead of a
+  /// 16 KiB allocation per flow.
+  std::array<char, kReadBufferBytes> head_buffer_{};
   std::unique_ptr<asio::local::stream_protocol::acceptor> tunnel_acceptor_;
   std::unique_ptr<asio::ip::tcp::acceptor> metrics_acceptor_;
   std::unique_ptr<asio::ip::tcp::acceptor> ingress_acceptor_;

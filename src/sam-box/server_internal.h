@@ -4,9 +4,11 @@
 #include "sam-box/flow.h"
 #include "sam-box/server.h"
 
+#include <asio/ip/address.hpp>
 #include <asio/steady_timer.hpp>
 
 #include <string>
+#include <string_view>
 
 namespace sambox {
 
@@ -15,6 +17,16 @@ struct Server::Flow {
   proto::TunnelKind kind = proto::TunnelKind::kConnectTcp;
   std::string early_data;  ///< bytes the agent sent after the request head, before our answer
 };
+
+/// As much of `data` as `socket` takes at once, without waiting (0 if none; `ec` set on an
+/// error, not on a full socket). The answer to a tunnel request is small and the agent's
+/// socket empty, so it nearly always goes whole, without a trip through the reactor.
+size_t sendNow(asio::local::stream_protocol::socket& socket, std::string_view data,
+               asio::error_code& ec);
+
+/// `addr` as asio's to_string() writes it (inet_ntop(3)), an IPv4 address without the
+/// printf(3) that inet_ntop spends on it: it is formatted for every flow's log line.
+std::string addressText(const asio::ip::address& addr);
 
 /// Counts a flow in sam_box_flows_in_progress for its lifetime.
 class InProgress {
