@@ -50,7 +50,11 @@ if [ -e /compass/firewall.nft ]; then
   log "stage 1: arming egress"
   . /compass/firewall.env || die "read firewall.env"
   nft -f /compass/firewall.nft || die "nft -f: the egress ruleset did not load"
-  t=$(nft list table inet compass_egress) || die "nft list: no table inet compass_egress"
+  # The chains' declarations only (no sets, rules, elements: far less to dump and print under
+  # emulation); the ruleset began with `flush ruleset`, so ours must be the kernel's only table.
+  t=$(nft list chains) || die "nft list chains failed"
+  case $t in "table inet compass_egress {"*) ;; *) die "nft list: no table inet compass_egress" ;; esac
+  case ${t#table} in *"table "*) die "nft list: a table besides inet compass_egress" ;; esac
   case $t in *"hook output priority filter; policy drop;"*) ;; *) die "output chain not drop" ;; esac
   case $t in *"hook input priority filter; policy drop;"*) ;; *) die "input chain not drop" ;; esac
   i=0
@@ -65,6 +69,11 @@ if [ -e /compass/firewall.nft ]; then
     $B ip -6 route add default via "$FW_GW6" || die "configure eth0"
   echo armed >&3
 fi
+# Every module the guest needs is loaded: none can be loaded from here on, by anyone (an agent
+# that reached root in the guest included). Nothing later asks for one: nft's set updates in
+# stage 2 use what `nft -f` above set up (and no autoload could have worked so far: the
+# initramfs has no modprobe; the default image has neither modprobe nor this kernel's modules).
+echo 1 > /proc/sys/kernel/modules_disabled || die "kernel.modules_disabled=1"
 log "stage 1: mounting the root"
 $B mkdir /rw/upper /rw/work /dev/pts /dev/shm || die "mkdir in the scratch tmpfs and /dev"
 $B mount -a -T /etc/fstab.root || die "mount the root (erofs on /dev/vda, tmpfs overlay)"
@@ -121,8 +130,10 @@ control() {
   while read -r cmd seq batch; do
     case $cmd in
       stop)
-        if read -r a < /.compass/agent.pid 2>/dev/null; then kill -TERM "$a"; fi
-        : > /.compass/stopped ;;
+        # Mark first, then look for the pid; the starter writes the pid, then looks for the
+        # mark: whatever the interleaving, one of the two sends the TERM (maybe both).
+        : > /.compass/stopped
+        if read -r a < /.compass/agent.pid 2>/dev/null; then kill -TERM "$a"; fi ;;
       allow)
         printf '%s\n' "$batch" | nft -f - > /dev/console 2>&1
         echo "allowed $seq $?" >&3 ;;
@@ -145,7 +156,7 @@ echo up >&3
 echo 0 > /proc/sys/user/max_user_namespaces || die "user.max_user_namespaces=0"
 # 3>&-: the control port stays with this script; the agent must not report its own status.
 if [ "$COMPASS_EGRESS" = firewall ]; then
-  /.compass/nano-init supervise --user "$USER_IDS" "$@" </dev/null >"$OUT" 2>"$ERR" 3>&- &
+  /.compass/nano-init supervise --user "$USER_IDS" -- "$@" </dev/null >"$OUT" 2>"$ERR" 3>&- &
 else
   /.compass/nano-init run --user "$USER_IDS" "h2+dev://$BOX" "$@" </dev/null >"$OUT" 2>"$ERR" 3>&- &
 fi

@@ -1,6 +1,5 @@
 #include "compass-runner/microvm_initramfs.h"
 
-#include <elf.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,6 +16,7 @@
 
 #include "common/unique_fd.h"
 #include "compass-runner/backend.h"
+#include "compass-runner/elf_check.h"
 #include "compass-runner/microvm_guest_scripts.h"
 #include "compass-runner/process.h"
 
@@ -28,6 +28,13 @@ namespace fs = std::filesystem;
 constexpr size_t kMaxCpioName = 4096;
 // Changes whenever the firewall layer's layout does.
 constexpr const char* kFirewallLayout = "firewall layout 1;";
+// Changes whenever what addModules() makes of a .ko does (in both cache keys): an archive
+// cached by an older runner holds the modules as they were then.
+constexpr const char* kModuleFormat = "modules unsigned 1;";
+// struct module_signature (include/linux/module_signature.h): algo, hash, id_type, signer_len,
+// key_id_len, 3 bytes of padding, then the signature's length as a big-endian 32-bit number.
+constexpr size_t kModuleSignatureInfo = 12;
+constexpr std::string_view kModuleSignatureMarker = "~Module signature appended~\n";
 
 std::string readFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -78,24 +85,6 @@ std::string stamp(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0) throw RunnerError("cannot find " + path);
   return path + ":" + std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
          std::to_string(st.st_mtim.tv_nsec) + ";";
-}
-
-// True if the ELF file at `path` has no PT_INTERP (statically linked).
-bool isStaticElf(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  Elf64_Ehdr eh{};
-  if (!in.read(reinterpret_cast<char*>(&eh), sizeof eh) ||
-      std::string_view(reinterpret_cast<const char*>(eh.e_ident), 4) != ELFMAG ||
-      eh.e_ident[EI_CLASS] != ELFCLASS64) {
-    return false;
-  }
-  for (int i = 0; i < eh.e_phnum; ++i) {
-    Elf64_Phdr ph{};
-    in.seekg(static_cast<std::streamoff>(eh.e_phoff + uint64_t(i) * eh.e_phentsize));
-    if (!in.read(reinterpret_cast<char*>(&ph), sizeof ph)) return false;
-    if (ph.p_type == PT_INTERP) return false;
-  }
-  return true;
 }
 
 // nano-init without its debug sections (31 MiB → 3 MiB: the guest unpacks every byte of the
@@ -149,8 +138,9 @@ void writeCached(const std::string& cache_dir, const char* prefix, const std::st
 void addModules(std::vector<CpioEntry>& e, const GuestKernel& kernel,
                 const std::vector<std::string>& copy, const std::vector<std::string>& order) {
   for (const auto& m : copy) {
+    const std::string ko = kernel.modules + "/" + m + ".ko";
     e.push_back({"lib/modules/" + kernel.release + "/" + fs::path(m).filename().string() + ".ko",
-                 S_IFREG | 0644, readFile(kernel.modules + "/" + m + ".ko"), 0, 0});
+                 S_IFREG | 0644, stripModuleSignature(readFile(ko), ko), 0, 0});
   }
   std::string names, dep;
   for (const auto& m : order) {
@@ -325,6 +315,25 @@ const std::vector<std::string>& guestModules() {
   return kModules;
 }
 
+std::string stripModuleSignature(std::string ko, const std::string& what) {
+  const size_t tail = kModuleSignatureInfo + kModuleSignatureMarker.size();
+  if (!ko.ends_with(kModuleSignatureMarker)) return ko;
+  if (ko.size() <= tail) {
+    throw RunnerError("module " + what + ": signature trailer without its signature information");
+  }
+  const auto* len = reinterpret_cast<const unsigned char*>(ko.data() + ko.size() - tail +
+                                                           kModuleSignatureInfo - 4);
+  const uint64_t sig_len = (uint64_t{len[0]} << 24) | (uint64_t{len[1]} << 16) |
+                           (uint64_t{len[2]} << 8) | uint64_t{len[3]};
+  // The kernel's own bound (mod_check_sig()): something of the module must be left.
+  if (sig_len >= ko.size() - tail) {
+    throw RunnerError("module " + what + ": its signature trailer claims " +
+                      std::to_string(sig_len) + " bytes of signature, more than the file holds");
+  }
+  ko.resize(ko.size() - tail - sig_len);
+  return ko;
+}
+
 std::string findBusybox() {
   const char* v = std::getenv("COMPASS_BUSYBOX");
   const std::string path = v != nullptr && *v != '\0' ? v : "/bin/busybox";
@@ -368,7 +377,8 @@ std::string baseInitramfs(const GuestKernel& kernel, const std::string& nano_ini
                           const std::string& busybox, const std::string& cache_dir) {
   // kLayout changes whenever the archive's layout below does (the scripts are in the key).
   constexpr const char* kLayout = "layout 6;";
-  std::string key = kLayout + stamp(nano_init) + stamp(busybox) + stamp(kernel.vmlinuz);
+  std::string key = kLayout + std::string(kModuleFormat) + stamp(nano_init) + stamp(busybox) +
+                    stamp(kernel.vmlinuz);
   for (const auto& m : guestModules()) key += stamp(kernel.modules + "/" + m + ".ko");
   key += std::string(guestLibScript()) + std::string(stage1Script()) + std::string(stage2Script()) +
          std::string(fstabEarly()) + std::string(fstabRoot()) + std::string(fstabNew()) +
@@ -427,7 +437,7 @@ std::string firewallLayer(const GuestKernel& kernel, const std::string& nft,
                           const std::string& cache_dir) {
   const std::string nft_path = findNft(nft);
   const auto libs = sharedLibraries(nft_path);
-  std::string key = std::string(kFirewallLayout) + stamp(nft_path) + kernel.release;
+  std::string key = std::string(kFirewallLayout) + kModuleFormat + stamp(nft_path) + kernel.release;
   for (const auto& [name, lib] : libs) key += name + "=" + stamp(lib);
   // The layer's order file names the base's modules too: a change to those is a new layer.
   for (const auto& m : guestModules()) key += m + ";";

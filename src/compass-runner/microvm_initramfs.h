@@ -8,7 +8,7 @@
 //     /init               stage 1 (busybox sh)                   /compass/agent.env
 //                                                                [/compass/firewall.nft]
 //     /compass/busybox    Debian's busybox-static (/bin/busybox links to it)
-//     /lib/modules/*.ko   virtio, virtio-mmio, console, blk, erofs, overlay, tun
+//     /lib/modules/*.ko   virtio, virtio-mmio, console, blk, erofs, overlay, tun (unsigned)
 //     /compass/nano-init  stripped copy of the runner's nano-init
 //     /compass/stage2     stage 2 (busybox sh)
 //
@@ -16,7 +16,8 @@
 //
 // Stage 1 (PID 1 in the initramfs) loads the modules, says "boot" on the control port; with
 // egress `firewall` it loads the ruleset, checks that both chains drop by default, configures
-// eth0 and says "armed" (seed 002's in-guest-armed marker); then it mounts
+// eth0 and says "armed" (seed 002's in-guest-armed marker); it sets kernel.modules_disabled
+// (no module loads after this, for anyone); then it mounts
 // the erofs root read-only under a tmpfs overlay (writable scratch that dies with the VM) and
 // switch_roots into it. Stage 2 (PID 1 in the agent's root) writes the virtual DNS's
 // resolv.conf (or, with egress `firewall`, the host end as resolver), says "up", runs `nano-init
@@ -95,6 +96,16 @@ GuestKernel findGuestKernel();
 
 /// The modules stage 1 loads, in dependency order (paths under GuestKernel::modules, no .ko).
 const std::vector<std::string>& guestModules();
+
+/// A .ko file's bytes without the signature its distribution appended (include/linux/
+/// module_signature.h: the signature, a 12-byte struct module_signature whose last 4 bytes are
+/// the signature's length, big-endian, then "~Module signature appended~\n"), for the
+/// initramfs: under TCG the guest would check each signature (hash + RSA) emulated; the guest
+/// kernel does not force signatures, loads the module unsigned and taints itself 'E' once.
+/// A file without the trailer comes back unchanged. Throws RunnerError naming `what` if the
+/// trailer is there but its length does not fit the file (the guest kernel would refuse such a
+/// module, signatures forced or not: failing here says which file, before any guest boots).
+std::string stripModuleSignature(std::string ko, const std::string& what);
 
 /// The base initramfs for `kernel`, `nano_init` and `busybox`, built once into `cache_dir`
 /// (atomic rename; the name carries a hash of every input's path, size and mtime and of the

@@ -89,6 +89,7 @@ res = {
   "ports": open_ports(),
   "fds": sorted(int(x) for x in os.listdir("/proc/self/fd")),
   "unshare_user": run("unshare", "-Urn", "true"),
+  "modules_disabled": open("/proc/sys/kernel/modules_disabled").read().strip(),
   "forged_exit": run("sh", "-c", "printf 'fail forged by the agent\\nexit 0\\n' >&3"),
 }
 print("PROBES " + json.dumps(res), flush=True)
@@ -199,6 +200,12 @@ def test_agent_holds_no_port_descriptor_and_cannot_forge_its_status(probes):
 
 def test_agent_gets_no_user_namespace(probes):
     assert probes["unshare_user"]["rc"] != 0, probes["unshare_user"]
+
+
+def test_no_kernel_module_can_be_loaded_once_the_agent_runs(probes):
+    """Stage 1 sets kernel.modules_disabled after loading its modules: root in the guest (a
+    kernel or launch-step exploit) can load no module, nor can an autoload the agent triggers."""
+    assert probes["modules_disabled"] == "1", probes["modules_disabled"]
 
 
 def test_agent_sees_no_terminal_and_has_writable_scratch_and_workdir(probes):

@@ -1,5 +1,6 @@
 // The microvm tier's pure parts: QEMU's command line, the kernel command line, the cpio writer,
-// the agent's env file (run through a real /bin/sh), the accelerator and stdio choices.
+// the modules' signature stripping, the agent's env file (run through a real /bin/sh), the
+// accelerator and stdio choices.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include "compass-runner/backend.h"
 #include "compass-runner/microvm_initramfs.h"
 #include "compass-runner/microvm_qemu.h"
+#include "microvm_test_util.h"
 
 namespace runner::microvm {
 namespace {
@@ -156,6 +158,70 @@ TEST(MicrovmInitramfsTest, CpioNewcLayout) {
   EXPECT_NE(a.find("hello"), std::string::npos);
   EXPECT_NE(a.find("TRAILER!!!"), std::string::npos);
   EXPECT_THROW(cpioArchive({{std::string("a\0b", 3), S_IFREG, "", 0, 0}}), RunnerError);
+}
+
+// A module as Debian ships it: body, signature, struct module_signature (id_type 2 = PKCS#7,
+// the length big-endian in its last 4 bytes), the marker.
+std::string signedModule(const std::string& body, const std::string& sig, uint32_t claimed_len) {
+  std::string info(12, '\0');
+  info[2] = 2;
+  for (int i = 0; i < 4; ++i) info[8 + i] = static_cast<char>((claimed_len >> (24 - 8 * i)) & 0xff);
+  return body + sig + info + "~Module signature appended~\n";
+}
+
+TEST(MicrovmInitramfsTest, ModuleSignatureIsStrippedAndUnsignedModulesStayAsTheyAre) {
+  const std::string body = std::string(
+                               "\x7f"
+                               "ELF",
+                               4) +
+                           std::string(200, 'm');
+  const std::string sig(681, 's');
+  EXPECT_EQ(stripModuleSignature(signedModule(body, sig, 681), "x.ko"), body);
+  // Unsigned: unchanged, also when it merely mentions the marker somewhere inside.
+  EXPECT_EQ(stripModuleSignature(body, "x.ko"), body);
+  const std::string inside = body + "~Module signature appended~\n" + "tail";
+  EXPECT_EQ(stripModuleSignature(inside, "x.ko"), inside);
+  EXPECT_EQ(stripModuleSignature("", "x.ko"), "");
+}
+
+TEST(MicrovmInitramfsTest, ModuleSignatureLongerThanTheFileIsAnErrorNamingIt) {
+  const std::string body(100, 'm');
+  const std::string sig(50, 's');
+  // The kernel's bound: the signature must leave at least one byte of module.
+  EXPECT_EQ(stripModuleSignature(signedModule(body, sig, 149), "ok.ko"), std::string(1, 'm'));
+  for (uint32_t bad : {150U, 151U, 0xffffffffU}) {
+    try {
+      stripModuleSignature(signedModule(body, sig, bad), "/k/bad.ko");
+      ADD_FAILURE() << "no error for a claimed length of " << bad;
+    } catch (const RunnerError& e) {
+      EXPECT_NE(std::string(e.what()).find("/k/bad.ko"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::to_string(bad)), std::string::npos) << e.what();
+    }
+  }
+  // The marker alone, or with less than a whole struct module_signature before it.
+  EXPECT_THROW(stripModuleSignature("~Module signature appended~\n", "m.ko"), RunnerError);
+  EXPECT_THROW(stripModuleSignature("12345~Module signature appended~\n", "m.ko"), RunnerError);
+}
+
+TEST(MicrovmInitramfsTest, TheGuestKernelsModulesStripToTheirElfImage) {
+  GuestKernel kernel;
+  try {
+    kernel = findGuestKernel();
+  } catch (const RunnerError& e) {
+    GTEST_SKIP() << e.what();
+  }
+  for (const auto& m : guestModules()) {
+    const std::string path = kernel.modules + "/" + m + ".ko";
+    const std::string ko = testing::readFile(path);
+    const std::string stripped = stripModuleSignature(ko, path);
+    EXPECT_EQ(stripped.substr(0, 4),
+              "\x7f"
+              "ELF")
+        << path;
+    EXPECT_FALSE(stripped.ends_with("~Module signature appended~\n")) << path;
+    EXPECT_LE(stripped.size(), ko.size()) << path;
+    EXPECT_EQ(stripModuleSignature(stripped, path), stripped) << path;
+  }
 }
 
 TEST(MicrovmInitramfsTest, AgentEnvQuotesEveryArgumentForARealShell) {
