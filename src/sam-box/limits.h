@@ -41,9 +41,6 @@ inline constexpr size_t kFdsPerFlow = 6;
 /// (docs/sam-box.md) and pins four times the memory per direction in flight. A pipe is held
 /// only while its bytes are in flight.
 inline constexpr size_t kRelayPipeBytes = size_t{256} * 1024;
-/// A relay step of at least this many bytes (or a full pipe) is followed by another splice at
-/// once instead of a wait for the source (relay.h): the sender is streaming.
-inline constexpr size_t kRelayStreamingStepBytes = size_t{64} * 1024;
 /// SO_SNDBUF asked for on the agent's side of an external TCP flow (the kernel doubles it,
 /// after capping it at net.core.wmem_max). Measured: halves sam-box's CPU per GiB sent to
 /// the agent. Memory only while bytes wait for the agent to read them.

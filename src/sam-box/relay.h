@@ -213,12 +213,10 @@ class Direction {
 
   /// Whether to splice again at once rather than wait after a step of last_in_ bytes.
   bool again() const {
-    // A full step: more is probably there. A small step emptied the source: wait rather
-    // than fail a splice with EAGAIN. A large one that was short of the pipe came from a
-    // sender that writes as fast as its socket takes (a Unix socket holds at most the
-    // sender's SO_SNDBUF, about 200 KiB by default): it has usually refilled the source
-    // while the step went out, and then one splice replaces a wait and its re-arming.
-    return last_in_ >= std::min(pool_.chunkBytes(), kRelayStreamingStepBytes);
+    // A full step: more is probably there. A shorter one emptied the source: wait rather than
+    // fail a splice with EAGAIN. (Splicing again after any large step kept a fast uploader in
+    // this loop for hundreds of ms, while every other flow, accept and /metrics waited.)
+    return last_in_ >= pool_.chunkBytes();
   }
 
   /// Splices the pipe's bytes out. False if it had to wait for the destination (the wait is

@@ -178,8 +178,11 @@ asio::awaitable<Server::Head> Server::readHead(UnixSocket& agent) {
     co_return head;
   }
   if (head.h2) co_return head;
+  // This flow's own buffer for reads that wait; it lives as long as `last_fed` may point into
+  // it (the early data after the head is copied out of it below).
+  std::vector<char> buf;
   if (status == Status::kNeedMore) {
-    std::vector<char> buf(kReadBufferBytes);  // this flow's own, for reads that wait
+    buf.resize(kReadBufferBytes);
     asio::steady_timer deadline(io_, kHeadReadTimeout);
     while (status == Status::kNeedMore) {
       asio::error_code timer_ec;

@@ -61,6 +61,25 @@ def test_allowed_name_http_is_byte_exact(box, topo):
     assert isinstance(log["duration_ms"], (int, float)) and log["duration_ms"] >= 0, log
 
 
+def test_head_split_across_reads_with_early_data_after_it(box, topo):
+    # The head's first part is read at once, the rest by a read that waits, and that read also
+    # brings the agent's first bytes for the upstream: they must arrive whole and in order.
+    for split in (10, 40):
+        head = b"CONNECT api.example.com:80 HTTP/1.1\r\nHost: api.example.com:80\r\n\r\n"
+        early = b"GET /small.txt HTTP/1.1\r\nHost: api.example.com\r\nConnection: close\r\n\r\n"
+        c = box.connect(10.0)
+        try:
+            c.send(head[:split])
+            time.sleep(0.05)  # not readiness: lets sam-box read the first part on its own
+            c.send(head[split:] + early)
+            resp = c.read_head()
+            assert_established(resp, f"split at {split}")
+            r, body = c.read_http_response()
+            assert r.status == 200 and body == b"hello from upstream\n", (split, r, body)
+        finally:
+            c.close()
+
+
 def test_allowed_name_tls(box, topo):
     resp, c = box.tunnel("api.example.com:443")
     assert_established(resp, "CONNECT api.example.com:443")
