@@ -110,6 +110,21 @@ bool Server::resolveCached(Flow& flow, std::vector<asio::ip::address>* addresses
   return true;
 }
 
+asio::awaitable<std::vector<asio::ip::address>> Server::resolveOrRefuse(
+    UnixSocket& agent, Flow& flow, asio::steady_timer::time_point deadline) {
+  std::vector<asio::ip::address> addresses;
+  const char* reason = nullptr;
+  if (!resolveCached(flow, &addresses, &reason)) {
+    addresses =
+        co_await resolvePermitted(flow.record.decision, deadline, &reason, &flow.record.address);
+  }
+  if (addresses.empty()) {
+    co_await refuse(agent, flow, resolveFailureStatus(reason), reason,
+                    reason != kReasonForbiddenAddress);
+  }
+  co_return addresses;
+}
+
 asio::error_code Server::startConnect(TcpSocket& upstream, const asio::ip::tcp::endpoint& ep,
                                       bool* pending) {
   *pending = false;
@@ -161,20 +176,11 @@ asio::awaitable<asio::error_code> Server::connectUpstream(TcpSocket& upstream,
 
 asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
   // The usual flow (a cached name, an upstream that accepts at once, an agent socket with
-  // room for the answer) runs here without a coroutine of its own or a timer: the waiting
-  // parts are entered only when there is something to wait for.
+  // room for the answer) waits for nothing and arms no timer: the waiting parts are entered
+  // only when there is something to wait for.
   const auto deadline = asio::steady_timer::clock_type::now() + kConnectTimeout;
-  std::vector<asio::ip::address> addresses;
-  const char* reason = nullptr;
-  if (!resolveCached(flow, &addresses, &reason)) {
-    addresses =
-        co_await resolvePermitted(flow.record.decision, deadline, &reason, &flow.record.address);
-  }
-  if (addresses.empty()) {
-    co_await refuse(agent, flow, resolveFailureStatus(reason), reason,
-                    reason != kReasonForbiddenAddress);
-    co_return;
-  }
+  const std::vector<asio::ip::address> addresses = co_await resolveOrRefuse(agent, flow, deadline);
+  if (addresses.empty()) co_return;
   std::optional<asio::steady_timer> connect_deadline;
   TcpSocket upstream(io_);
   bool connected = false;
@@ -232,17 +238,8 @@ asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
 
 asio::awaitable<void> Server::externalUdp(UnixSocket& agent, Flow& flow) {
   const auto deadline = asio::steady_timer::clock_type::now() + kConnectTimeout;
-  std::vector<asio::ip::address> addresses;
-  const char* reason = nullptr;
-  if (!resolveCached(flow, &addresses, &reason)) {
-    addresses =
-        co_await resolvePermitted(flow.record.decision, deadline, &reason, &flow.record.address);
-  }
-  if (addresses.empty()) {
-    co_await refuse(agent, flow, resolveFailureStatus(reason), reason,
-                    reason != kReasonForbiddenAddress);
-    co_return;
-  }
+  const std::vector<asio::ip::address> addresses = co_await resolveOrRefuse(agent, flow, deadline);
+  if (addresses.empty()) co_return;
   const asio::ip::udp::endpoint target(addresses.front(), flow.record.decision.port);
   asio::ip::udp::socket upstream(io_);
   asio::error_code ec;

@@ -84,6 +84,11 @@ class Server {
   /// resolvePermitted() for the flow's target when its answer is cached (no waiting): false
   /// if it is not. Else true, with the permitted addresses, or none and `*reason`.
   bool resolveCached(Flow& flow, std::vector<asio::ip::address>* addresses, const char** reason);
+  /// The flow's permitted addresses: the cached answer (resolveCached()) without waiting, else
+  /// resolvePermitted(); on failure answers the agent (403/502/504), records the flow, and
+  /// returns an empty list.
+  asio::awaitable<std::vector<asio::ip::address>> resolveOrRefuse(
+      UnixSocket& agent, Flow& flow, asio::steady_timer::time_point deadline);
   /// Opens `upstream` and connects it to `ep` by `deadline` (then `*timed_out` is set).
   asio::awaitable<asio::error_code> connectUpstream(TcpSocket& upstream,
                                                     const asio::ip::tcp::endpoint& ep,
