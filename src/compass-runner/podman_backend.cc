@@ -34,6 +34,7 @@
 #include "compass-runner/process.h"
 #include "compass-runner/sam_box_process.h"
 #include "compass-runner/state.h"
+#include "nano-init/gate.h"
 #include "vdns/virtual_dns.h"
 
 namespace runner {
@@ -155,6 +156,7 @@ class PodmanBackend final : public Backend {
     try {
       return startSteps(spec);
     } catch (...) {
+      gate_.local.reset();  // a gate not yet opened stays shut: the agent never runs
       runUndos();
       throw;
     }
@@ -371,18 +373,10 @@ class PodmanBackend final : public Backend {
     if (arming.valid()) {
       // 6. Armed (or the start fails and the gate closes unopened: nano-init exits without
       // starting the agent, and the undos remove the container).
-      egress_ = step("firewall", [&] {
-        try {
-          return arming.get();
-        } catch (...) {
-          gate_.local.reset();
-          throw;
-        }
-      });
-      // A stop asked for while arming: the gate stays shut (the undos remove the container)
-      // rather than start the agent only to stop it.
+      egress_ = step("firewall", [&] { return arming.get(); });
+      // A stop asked for while arming: the gate stays shut rather than start the agent only
+      // to stop it.
       if (const int sig = spec.stop_signal ? spec.stop_signal() : 0; sig != 0) {
-        gate_.local.reset();
         throw StoppedBeforeStart(sig);
       }
       step("exec gate", [&] { openGate(); });
@@ -392,11 +386,10 @@ class PodmanBackend final : public Backend {
     return Started{agent_pid, spec.state_dir, metrics_addr_};
   }
 
-  // After a failure elsewhere in the start: closes the gate unopened, then joins the arming
-  // thread; what it armed (if it finished) goes to egress_, whose undo removes it after the
-  // container. Its own failure, if any, is not the one reported.
+  // After a failure elsewhere in the start: joins the arming thread; what it armed (if it
+  // finished) goes to egress_, whose undo removes it after the container. Its own failure, if
+  // any, is not the one reported.
   void awaitArming(std::future<std::unique_ptr<firewall::Egress>>& arming) noexcept {
-    gate_.local.reset();
     try {
       egress_ = arming.get();
     } catch (...) {
@@ -406,14 +399,14 @@ class PodmanBackend final : public Backend {
 
   // Writes the gate's line and closes the runner's end: nano-init executes the agent.
   void openGate() {
-    static constexpr std::string_view kLine = "armed\n";  // nano-init's kGateOpen
     ssize_t n = -1;
     do {
-      n = ::send(gate_.local.get(), kLine.data(), kLine.size(), MSG_NOSIGNAL);
+      n = ::send(gate_.local.get(), nanoinit::kGateOpen.data(), nanoinit::kGateOpen.size(),
+                 MSG_NOSIGNAL);
     } while (n < 0 && errno == EINTR);
     const int err = errno;
     gate_.local.reset();
-    if (n != static_cast<ssize_t>(kLine.size())) {
+    if (n != static_cast<ssize_t>(nanoinit::kGateOpen.size())) {
       throw RunnerError(std::string("the container's first process is gone before its exec gate "
                                     "opened (send: ") +
                         std::strerror(err) + ")");
