@@ -482,6 +482,12 @@ def _podman_firewall_ready():
     return None
 
 
+def _firewall_argv(*cmd, allow=()):
+    """`compass-runner run --backend podman --egress firewall [--egress-allow A]… -- CMD…`."""
+    flags = [w for a in allow for w in ("--egress-allow", a)]
+    return [str(RUNNER), "run", "--backend", "podman", "--egress", "firewall", *flags, "--", *cmd]
+
+
 # Each check prints "name=value"; the tests below read them. `|| true` everywhere: the
 # script must reach its end whatever one check does.
 AGENT_SCRIPT = f"""
@@ -518,8 +524,7 @@ def podman_agent(runner_hosts):
     master, slave = os.openpty()
     try:
         r = subprocess.run(
-            [str(RUNNER), "run", "--backend", "podman", "--egress", "firewall",
-             "--egress-allow", rh.ALLOWED, "--", "sh", "-c", AGENT_SCRIPT],
+            _firewall_argv("sh", "-c", AGENT_SCRIPT, allow=[rh.ALLOWED]),
             stdin=slave, capture_output=True, text=True, timeout=180)
     finally:
         os.close(slave)
@@ -585,8 +590,7 @@ def test_podman_arming_failure_never_runs_the_agent(runner_hosts, tmp):
     env = _fake_nft(tmp, "nft-refuses", 'echo "fake nft: refused" >&2; exit 1')
     before = _agent_traces()
     r = subprocess.run(
-        [str(RUNNER), "run", "--backend", "podman", "--egress", "firewall", "--egress-allow",
-         rh.ALLOWED, "--", "sh", "-c", "echo AGENT-RAN"],
+        _firewall_argv("sh", "-c", "echo AGENT-RAN", allow=[rh.ALLOWED]),
         env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
     assert r.returncode != 0, r
     assert "AGENT-RAN" not in r.stdout + r.stderr
@@ -604,8 +608,8 @@ def test_podman_netns_has_no_way_out_until_its_ruleset_is_verified(runner_hosts,
     env = _fake_nft(tmp, "nft-slow", "sleep 2")
     before = set(pathlib.Path("/run/netns").glob("compass-*"))
     p = subprocess.Popen(
-        [str(RUNNER), "run", "--backend", "podman", "--egress", "firewall", "--egress-allow",
-         rh.ALLOWED, "--", "sh", "-c", f"curl -sS --max-time 5 http://{rh.ALLOWED}/"],
+        _firewall_argv("sh", "-c", f"curl -sS --max-time 5 http://{rh.ALLOWED}/",
+                       allow=[rh.ALLOWED]),
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
     try:
@@ -645,24 +649,13 @@ def test_podman_runner_killed_while_arming_never_runs_the_agent_and_gc_cleans(ru
     out = pathlib.Path(tmp) / "killed-runner.out"
     with open(out, "w") as sink:
         p = subprocess.Popen(
-            [str(RUNNER), "run", "--backend", "podman", "--egress", "firewall", "--", "sh", "-c",
-             "echo AGENT-RAN"], env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
-            start_new_session=True)
-    ns = boxlib.wait_for(
-        lambda: next(iter(set(pathlib.Path("/run/netns").glob("compass-*")) - set(
-            pathlib.Path(f"/run/netns/{n}") for n in before[1])), None),
-        timeout=30, what="the agent's netns")
-    name = ns.name  # the container has the netns's name
-    boxlib.wait_for(lambda: sh("podman", "ps", "-a", "--filter", f"name=^{name}$", "--format",
-                               "{{.Names}}").stdout.strip(),
-                    timeout=60, what="podman to create the container while the runner arms")
+            _firewall_argv("sh", "-c", "echo AGENT-RAN"), env=env, stdin=subprocess.DEVNULL,
+            stdout=sink, stderr=sink, start_new_session=True)
+    name = _await_new_container(before)
     p.kill()
     p.wait()
     status = boxlib.wait_for(
-        lambda: sh("podman", "ps", "-a", "--filter", f"name=^{name}$", "--format",
-                   "{{.Status}}").stdout.strip().startswith("Exited") and
-        sh("podman", "ps", "-a", "--filter", f"name=^{name}$", "--format",
-           "{{.Status}}").stdout.strip(),
+        lambda: (st := _container_status(name)).startswith("Exited") and st,
         timeout=60, what="the container to end at its closed gate")
     assert status.startswith("Exited (70)"), status
     assert "AGENT-RAN" not in out.read_text()
@@ -680,13 +673,10 @@ def test_podman_sigterm_while_arming_keeps_the_gate_shut(runner_hosts, tmp):
     env = _fake_nft(tmp, "nft-slow-term", "sleep 2")
     before = _agent_traces()
     p = subprocess.Popen(
-        [str(RUNNER), "run", "--backend", "podman", "--egress", "firewall", "--", "sh", "-c",
-         "echo AGENT-RAN"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        _firewall_argv("sh", "-c", "echo AGENT-RAN"), env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        boxlib.wait_for(lambda: sh("podman", "ps", "-a", "--filter", "label=compass.agent",
-                                   "--format", "{{.Names}}").stdout.split() != before[0],
-                        timeout=60, what="podman to create the container while the runner arms")
+        _await_new_container(before)
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=60)
     finally:
@@ -696,6 +686,19 @@ def test_podman_sigterm_while_arming_keeps_the_gate_shut(runner_hosts, tmp):
     assert "stopped by SIGTERM before the agent started" in err, err
     assert "AGENT-RAN" not in out + err
     assert _agent_traces() == before
+
+
+def _container_status(name):
+    return sh("podman", "ps", "-a", "--filter", f"name=^{name}$", "--format",
+              "{{.Status}}").stdout.strip()
+
+
+def _await_new_container(before):
+    """The name of the agent container that is not in `before` (_agent_traces()), once podman
+    has created it (the runner is still arming: a fake nft holds it there)."""
+    return boxlib.wait_for(
+        lambda: next(iter(set(_agent_traces()[0]) - set(before[0])), None),
+        timeout=60, what="podman to create the container while the runner arms")
 
 
 def _agent_traces():
