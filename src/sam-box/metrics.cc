@@ -4,20 +4,8 @@
 #include "sam-box/flow.h"
 #include "sam-box/limits.h"
 
-#include <initializer_list>
-#include <utility>
-
 namespace sambox {
 namespace {
-
-std::string labels(std::initializer_list<std::pair<std::string_view, std::string_view>> kv) {
-  std::string out = "{";
-  for (const auto& [k, v] : kv) {
-    if (out.size() > 1) out += ',';
-    out.append(k).append("=\"").append(v).append("\"");
-  }
-  return out + "}";
-}
 
 void renderFamily(std::string* out, const char* name, const char* type, const char* help,
                   const std::map<std::string, int64_t>& series) {
@@ -34,9 +22,9 @@ Metrics::Metrics() {
   // Pre-declare the common series at zero so dashboards and alerts see them before traffic.
   for (const char* route : {"external", "mesh-entrypoint", "unresolved"}) {
     for (const char* outcome : {"allowed", "denied", "error"}) {
-      flows_[labels({{"outcome", outcome}, {"route", route}})] = 0;
+      series(flows_, "outcome", outcome, "route", route) = 0;
     }
-    in_progress_[labels({{"route", route}})] = 0;
+    series(in_progress_, "route", route) = 0;
   }
   // Every reason and limit too: a counter born at its first increment loses that increment to
   // rate() and increase(), so a one-off refusal would never show on a dashboard.
@@ -46,11 +34,11 @@ Metrics::Metrics() {
         kReasonResolveFailed, kReasonConnectFailed, kReasonConnectTimeout, kReasonNodeUnavailable,
         kReasonHeaderTooLarge, kReasonHeaderTimeout, kReasonMethodNotAllowed, kReasonTooManyFlows,
         kReasonStreamReset}) {
-    refusals_[labels({{"reason", reason}})] = 0;
+    series(refusals_, "reason", reason) = 0;
   }
   for (const char* limit : {kLimitMaxHeaderBytes, kLimitMaxConcurrentFlows, kLimitConnectTimeout,
                             kLimitHeadReadTimeout, kLimitUdpIdleTimeout, kLimitTcpIdleTimeout}) {
-    limits_[labels({{"limit", limit}})] = 0;
+    series(limits_, "limit", limit) = 0;
   }
 }
 
