@@ -19,7 +19,6 @@
 #include <functional>
 #include <future>
 #include <mutex>
-#include <set>
 #include <string_view>
 #include <thread>
 
@@ -29,6 +28,7 @@
 #include "compass-runner/netns.h"
 #include "compass-runner/podman_cli.h"
 #include "compass-runner/podman_conf.h"
+#include "compass-runner/podman_reap.h"
 #include "compass-runner/podman_rootfs.h"
 #include "compass-runner/podman_userns.h"
 #include "compass-runner/process.h"
@@ -56,7 +56,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void note(const std::string& text) { std::fprintf(stderr, "compass-runner: %s\n", text.c_str()); }
+void note(const std::string& text) {
+  (void)std::fprintf(stderr, "compass-runner: %s\n", text.c_str());
+}
 
 // Runs `f`; a failure becomes RunnerError("<step>: <reason>").
 template <typename F>
@@ -206,27 +208,13 @@ class PodmanBackend final : public Backend {
   void reap(const AgentRecord& rec) override {
     const std::string conf = containersConfPath();
     writeContainersConf(conf);
-    reapId(conf, rec.id, rec.container, rec.netns, rec.sam_box_pid, rec.state_dir);
+    reapAgent(conf, rec.id, rec.container, rec.netns, rec.sam_box_pid, rec.state_dir);
   }
 
   void reapOrphans(const std::vector<std::string>& live_ids) override {
     const std::string conf = containersConfPath();
     writeContainersConf(conf);
-    const std::set<std::string> live(live_ids.begin(), live_ids.end());
-    std::set<std::string> dead;
-    auto consider = [&](const std::string& id) {
-      if (!id.empty() && live.count(id) == 0) dead.insert(id);
-    };
-    for (const auto& id : agentContainers(conf)) consider(id);
-    for (const auto& id : netns::listAgentIds()) consider(id);
-    for (const auto& id : claimedIds()) consider(id);
-    for (const auto& id : rootfsIds()) consider(id);
-    for (const auto& [pid, sock] : samBoxesUnder(stateRoot("podman"))) {
-      const std::string dir = sock.substr(0, sock.rfind('/'));
-      const std::string id = dir.substr(dir.rfind('/') + 1);
-      if (live.count(id) == 0) killSamBox(pid);
-    }
-    for (const auto& id : dead) reapId(conf, id, "", "", -1, stateRoot("podman") + "/" + id);
+    reapOrphanAgents(conf, live_ids);
   }
 
  private:
@@ -278,17 +266,50 @@ class PodmanBackend final : public Backend {
       undo_.emplace_back([this] { unmountRootfs(id_, state_dir_); });
     }
 
-    // 2c. Boundary: sam-box is spawned now and starts while the netns and tun0 are made; its
-    // socket is waited for in 4b, before the container exists (nothing can reach it sooner).
+    // 3. The netns, holding only lo until a step below adds tun0 or the firewall's veth. With
+    // egress `boundary` it is made with its tun0 (which nano-init adopts as fd 3) on a thread of
+    // its own while sam-box is spawned: both are on the agent's path to exec, and neither needs
+    // the other. sam-box's socket is waited for in 4, before the container exists (nothing can
+    // reach it sooner).
     if (egress == Posture::kBoundary) {
-      step("sam-box", [&] { spawnSamBox(spec, sam_box_bin, socket); });
+      bool made = false;  // read only after the thread is joined
+      std::future<common::UniqueFd> tun = std::async(std::launch::async, [ns, &made] {
+        step("netns", [&] { netns::create(ns); });
+        made = true;
+        return step("tun0", [&] {
+          common::UniqueFd fd = netns::openTun(ns);
+          netns::configureTun(ns);
+          return fd;
+        });
+      });
+      // Joins the thread; what it made is undone like the rest. Its failure is reported
+      // unless `other` (sam-box's) is.
+      auto join = [&](const std::exception_ptr& other) {
+        std::exception_ptr mine;
+        try {
+          tun_ = tun.get();
+        } catch (...) {
+          mine = std::current_exception();
+        }
+        if (made) {
+          netns_ = ns;
+          undo_.emplace_back([this] { removeNetns(); });
+        }
+        if (other) std::rethrow_exception(other);
+        if (mine) std::rethrow_exception(mine);
+      };
+      try {
+        step("sam-box", [&] { spawnSamBox(spec, sam_box_bin, socket); });
+      } catch (...) {
+        join(std::current_exception());
+      }
       undo_.emplace_back([this] { sam_box_.stop(); });
+      join(nullptr);
+    } else {
+      step("netns", [&] { netns::create(ns); });
+      netns_ = ns;
+      undo_.emplace_back([this] { removeNetns(); });
     }
-
-    // 3. The netns, holding only lo until a step below adds tun0 or the firewall's veth.
-    step("netns", [&] { netns::create(ns); });
-    netns_ = ns;
-    undo_.emplace_back([this] { removeNetns(); });
 
     std::vector<int> pass_fds;
     std::future<std::unique_ptr<firewall::Egress>> arming;
@@ -296,12 +317,7 @@ class PodmanBackend final : public Backend {
     std::vector<std::string> argv;
     std::vector<Mount> mounts;
     if (egress == Posture::kBoundary) {
-      // 4a. tun0 made in the netns by the runner; nano-init adopts it as fd 3.
-      step("tun0", [&] {
-        tun_ = netns::openTun(ns);
-        netns::configureTun(ns);
-      });
-      // 4b. The boundary serving, before anything can send through tun0.
+      // 4. The boundary serving, before anything can send through tun0.
       step("sam-box", [&] { awaitSamBox(socket, ids); });
       pass_fds.push_back(tun_.get());
       dns = {vdns::kResolverAddress};  // nano-init refuses any other resolv.conf
@@ -363,24 +379,32 @@ class PodmanBackend final : public Backend {
     run.workdir = spec.workdir;
     run.pidfile = spec.state_dir + "/" + kPidFile;
     run.argv = argv;
-    pid_t agent_pid = -1;
     try {
-      agent_pid = step("podman run", [&] { return startContainer(run, pass_fds); });
+      step("podman run", [&] { spawnContainer(run, pass_fds); });
     } catch (...) {
       if (arming.valid()) awaitArming(arming);
       throw;
     }
     if (arming.valid()) {
       // 6. Armed (or the start fails and the gate closes unopened: nano-init exits without
-      // starting the agent, and the undos remove the container).
+      // starting the agent, and the undos remove the container). The gate is opened as soon as
+      // arm() returns, while podman is still starting the container: the line waits in the
+      // socket for nano-init, so the agent is executed the moment its container runs, not when
+      // the runner next looks.
       egress_ = step("firewall", [&] { return arming.get(); });
       // A stop asked for while arming: the gate stays shut rather than start the agent only
       // to stop it.
       if (const int sig = spec.stop_signal ? spec.stop_signal() : 0; sig != 0) {
         throw StoppedBeforeStart(sig);
       }
-      step("exec gate", [&] { openGate(); });
+      step("exec gate", [&] {
+        if (!openGate()) {
+          awaitContainer(run.pidfile);  // podman's own failure, if it has one, is the one reported
+          throw RunnerError("the container's first process closed its exec gate before it opened");
+        }
+      });
     }
+    const pid_t agent_pid = step("podman run", [&] { return awaitContainer(run.pidfile); });
     started_ = true;
     if (stop_requested_) stop(std::chrono::seconds(2));
     return Started{agent_pid, spec.state_dir, metrics_addr_};
@@ -397,20 +421,16 @@ class PodmanBackend final : public Backend {
     }
   }
 
-  // Writes the gate's line and closes the runner's end: nano-init executes the agent.
-  void openGate() {
+  // Writes the gate's line and closes the runner's end: nano-init executes the agent. False if
+  // the far end is gone (podman failed, or nano-init exited) before the line could be written.
+  bool openGate() {
     ssize_t n = -1;
     do {
       n = ::send(gate_.local.get(), nanoinit::kGateOpen.data(), nanoinit::kGateOpen.size(),
                  MSG_NOSIGNAL);
     } while (n < 0 && errno == EINTR);
-    const int err = errno;
     gate_.local.reset();
-    if (n != static_cast<ssize_t>(nanoinit::kGateOpen.size())) {
-      throw RunnerError(std::string("the container's first process is gone before its exec gate "
-                                    "opened (send: ") +
-                        std::strerror(err) + ")");
-    }
+    return n == static_cast<ssize_t>(nanoinit::kGateOpen.size());
   }
 
   void spawnSamBox(const AgentSpec& spec, const std::string& bin, const std::string& socket) {
@@ -429,7 +449,8 @@ class PodmanBackend final : public Backend {
     }
   }
 
-  pid_t startContainer(const RunSpec& run, const std::vector<int>& pass_fds) {
+  // Starts `podman run` in the background; awaitContainer() tells when the agent runs.
+  void spawnContainer(const RunSpec& run, const std::vector<int>& pass_fds) {
     SpawnOptions s;
     s.argv = podmanArgv(runArgs(run));
     s.set_env = podmanEnv(conf_);
@@ -463,15 +484,21 @@ class PodmanBackend final : public Backend {
     // them; nano-init's are the ones.
     tun_.reset();
     gate_.remote.reset();
+  }
+
+  // Until the container's first process runs (its pid, from `run.pidfile`), or podman exits
+  // having failed (RunnerError; a missing image is a SpecRefused). Polls every 10 ms; the agent
+  // does not wait for it (with egress `firewall` the gate is opened before).
+  pid_t awaitContainer(const std::string& pidfile) {
     const auto deadline = Clock::now() + kContainerStartTimeout;
     while (true) {
       // The pidfile is written at `runc create`; the agent runs once `runc start` has made that
       // process exec the entry point, which renames it from "runc:[2:INIT]".
-      if (const pid_t pid = readPid(run.pidfile); pid > 0 && !stillRuncInit(pid)) return pid;
+      if (const pid_t pid = readPid(pidfile); pid > 0 && !stillRuncInit(pid)) return pid;
       int status = 0;
       if (::waitpid(podman_pid_, &status, WNOHANG) == podman_pid_) {
         podman_pid_ = -1;
-        if (const pid_t pid = readPid(run.pidfile); pid > 0) {
+        if (const pid_t pid = readPid(pidfile); pid > 0) {
           exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
           return pid;
         }
@@ -519,9 +546,9 @@ class PodmanBackend final : public Backend {
   }
 
   void runUndos() noexcept {
-    for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) {
+    for (size_t i = undo_.size(); i-- > 0;) {  // newest first
       try {
-        (*it)();
+        undo_[i]();
       } catch (const std::exception& e) {
         note(std::string("undo after a failed start: ") + e.what());
       }
@@ -561,20 +588,6 @@ class PodmanBackend final : public Backend {
     if (!netns::remove(netns_)) {
       note("teardown: netns " + netns_ + " is still there (run `compass-runner gc`)");
     }
-  }
-
-  // What gc removes for one agent id; every name is derived from the id when not recorded.
-  static void reapId(const std::string& conf, const std::string& id, std::string container,
-                     std::string ns, int sam_box_pid, const std::string& state_dir) {
-    if (container.empty()) container = netns::nameFor(id);
-    if (ns.empty()) ns = netns::nameFor(id);
-    if (!removeContainer(conf, container)) note("gc: could not remove container " + container);
-    if (!unmountRootfs(id, state_dir)) note("gc: could not unmount the --rootfs overlay of " + id);
-    const std::string socket = state_dir + "/" + kSocketFile;
-    if (sam_box_pid > 0 && isSamBoxFor(sam_box_pid, socket)) killSamBox(sam_box_pid);
-    firewall::reap(id);
-    if (!netns::remove(ns)) note("gc: could not remove netns " + ns);
-    releaseIds(id);
   }
 
   std::string id_;

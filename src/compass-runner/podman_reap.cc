@@ -1,0 +1,56 @@
+// gc for the podman tier (podman_reap.h).
+#include "compass-runner/podman_reap.h"
+
+#include <cstdio>
+#include <set>
+
+#include "compass-runner/firewall.h"
+#include "compass-runner/netns.h"
+#include "compass-runner/podman_backend.h"
+#include "compass-runner/podman_cli.h"
+#include "compass-runner/podman_rootfs.h"
+#include "compass-runner/podman_userns.h"
+#include "compass-runner/sam_box_process.h"
+#include "compass-runner/state.h"
+
+namespace runner::podman {
+namespace {
+
+void note(const std::string& text) {
+  (void)std::fprintf(stderr, "compass-runner: %s\n", text.c_str());
+}
+
+}  // namespace
+
+void reapAgent(const std::string& conf, const std::string& id, std::string container,
+               std::string ns, pid_t sam_box_pid, const std::string& state_dir) {
+  if (container.empty()) container = netns::nameFor(id);
+  if (ns.empty()) ns = netns::nameFor(id);
+  if (!removeContainer(conf, container)) note("gc: could not remove container " + container);
+  if (!unmountRootfs(id, state_dir)) note("gc: could not unmount the --rootfs overlay of " + id);
+  const std::string socket = state_dir + "/" + kSocketFile;
+  if (sam_box_pid > 0 && isSamBoxFor(sam_box_pid, socket)) killSamBox(sam_box_pid);
+  firewall::reap(id);
+  if (!netns::remove(ns)) note("gc: could not remove netns " + ns);
+  releaseIds(id);
+}
+
+void reapOrphanAgents(const std::string& conf, const std::vector<std::string>& live_ids) {
+  const std::set<std::string> live(live_ids.begin(), live_ids.end());
+  std::set<std::string> dead;
+  auto consider = [&](const std::string& id) {
+    if (!id.empty() && live.count(id) == 0) dead.insert(id);
+  };
+  for (const auto& id : agentContainers(conf)) consider(id);
+  for (const auto& id : netns::listAgentIds()) consider(id);
+  for (const auto& id : claimedIds()) consider(id);
+  for (const auto& id : rootfsIds()) consider(id);
+  for (const auto& [pid, sock] : samBoxesUnder(stateRoot("podman"))) {
+    const std::string dir = sock.substr(0, sock.rfind('/'));
+    const std::string id = dir.substr(dir.rfind('/') + 1);
+    if (live.count(id) == 0) killSamBox(pid);
+  }
+  for (const auto& id : dead) reapAgent(conf, id, "", "", -1, stateRoot("podman") + "/" + id);
+}
+
+}  // namespace runner::podman
