@@ -1,12 +1,15 @@
 #include "compass-runner/sam_box_process.h"
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -35,9 +38,10 @@ SamBoxOptions boundarySamBoxOptions(const AgentSpec& spec, const std::string& bi
   o.insecure_unverified_bundle = !spec.bundle_path.empty();
   o.sidecar_socket = spec.sidecar_socket;
   if (o.insecure_unverified_bundle) {
-    std::fprintf(stderr,
-                 "compass-runner: the bundle's agent identity is NOT verified (no platform "
-                 "credential is configured); sam-box runs with --insecure-unverified-bundle\n");
+    (void)std::fprintf(
+        stderr,
+        "compass-runner: the bundle's agent identity is NOT verified (no platform "
+        "credential is configured); sam-box runs with --insecure-unverified-bundle\n");
   }
   return o;
 }
@@ -164,25 +168,45 @@ void SamBoxProcess::spawn(const SamBoxOptions& opts) {
 void SamBoxProcess::waitReady(std::chrono::milliseconds timeout) {
   if (pid_ <= 0) throw RunnerError("sam-box is not running (it was not started)");
   const auto deadline = Clock::now() + timeout;
+  // Woken by the socket's creation in its directory (inotify) or by sam-box's exit (pidfd),
+  // not by a timer: this wait is on the agent's path to exec. The watch is added before the
+  // first stat(), so a socket made in between is not missed.
+  const std::string dir = fs::path(socket_).parent_path().string();
+  common::UniqueFd watch(::inotify_init1(IN_CLOEXEC | IN_NONBLOCK));
+  if (!watch.valid() || ::inotify_add_watch(watch.get(), dir.c_str(), IN_CREATE) < 0) {
+    throw RunnerError("inotify on " + dir + ": " + std::strerror(errno));
+  }
+  const common::UniqueFd exited = pidFd(pid_);
   while (true) {
     int status = 0;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+    const pid_t reaped = ::waitpid(pid_, &status, WNOHANG);
+    if (reaped == pid_ || (reaped < 0 && errno == ECHILD)) {
+      const bool have_status = reaped == pid_;
       pid_ = -1;
-      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      throw RunnerError("sam-box exited with status " + std::to_string(code) +
-                        " before its socket was ready; the end of " + log_ + ":\n" +
-                        tailOfFile(log_));
+      const std::string how = !have_status ? "exited"
+                              : WIFEXITED(status)
+                                  ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                                  : "was killed by signal " + std::to_string(WTERMSIG(status));
+      throw RunnerError("sam-box " + how + " before its socket was ready; the end of " + log_ +
+                        ":\n" + tailOfFile(log_));
     }
     struct stat st {};
     if (::stat(socket_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return;
-    if (Clock::now() > deadline) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() < 0) {
       stop();
       throw RunnerError("sam-box did not create " + socket_ + " within " +
                         std::to_string(timeout.count()) + " ms; the end of " + log_ + ":\n" +
                         tailOfFile(log_));
     }
-    // 2 ms: this wait is on the agent's path to exec; a stat() is cheap.
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::array<pollfd, 2> fds{{{watch.get(), POLLIN, 0}, {exited.get(), POLLIN, 0}}};
+    if (::poll(fds.data(), fds.size(), static_cast<int>(left.count()) + 1) < 0 && errno != EINTR) {
+      throw RunnerError(std::string("waiting for sam-box's socket: poll: ") + std::strerror(errno));
+    }
+    std::array<char, 4096> drain{};
+    while (::read(watch.get(), drain.data(), drain.size()) > 0) {
+    }
   }
 }
 
