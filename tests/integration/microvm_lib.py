@@ -22,6 +22,8 @@ import time
 
 import pytest
 
+import probes
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RUNNER = pathlib.Path(os.environ.get("COMPASS_RUNNER",
                                      REPO / "build/src/compass-runner/compass-runner"))
@@ -184,29 +186,10 @@ class Live:
         return leftovers(self.id)
 
 
-# The start of a guest's probe script (`python3 -c PROBE_HELPERS + …`): run() a command and
-# keep its status and output, tcp() connect and read a banner, open_ports() try the guest's
+# The start of a guest's probe script (`python3 -c PROBE_HELPERS + …`): probes.py's run(),
+# tcp() and boundary_egress() with a TCG guest's timeouts, and open_ports() try the guest's
 # virtio-serial ports as the agent.
-PROBE_HELPERS = r'''
-import json, os, socket, subprocess, sys
-def run(*cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    return {"rc": r.returncode, "out": r.stdout, "err": r.stderr}
-def tcp(host, port, family=socket.AF_INET):
-    s = socket.socket(family, socket.SOCK_STREAM)
-    s.settimeout(15)
-    try:
-        s.connect((host, port))
-        s.settimeout(5)
-        try:
-            data = s.recv(100).decode(errors="replace")
-        except OSError as e:
-            data = "recv: " + repr(e)
-        return {"ok": True, "data": data}
-    except OSError as e:
-        return {"ok": False, "error": type(e).__name__ + ": " + str(e)}
-    finally:
-        s.close()
+PROBE_HELPERS = probes.helpers(run_secs=60, connect_secs=15, recv_secs=5) + r'''
 def open_ports():
     import glob
     out = {}

@@ -55,26 +55,8 @@ def flood():
         os.waitpid(pid, 0)
     return {"started": len(pids), "error": err}
 status = open("/proc/self/status").read()
-res = {
-  "curl4_allowed": run("curl", "-4", "-sS", "-m", "30", "http://allowed.example/"),
-  "curl6_allowed": run("curl", "-6", "-sS", "-m", "30", "http://allowed.example/"),
-  "curl_denied": run("curl", "-sS", "-m", "30", "http://denied.example/"),
-  "curl6_denied": run("curl", "-6", "-sS", "-m", "30", "http://denied.example/"),
-  "curl_raw_ip": run("curl", "-sS", "-m", "10", "http://198.18.5.2/"),
-  "curl_raw_ip6": run("curl", "-g", "-sS", "-m", "10", "http://[2001:db8:5::2]/"),
-  "dig_outside": run("dig", "@198.18.5.2", "allowed.example", "+time=2", "+tries=1"),
-  "dig_outside_tcp": run("dig", "+tcp", "@198.18.5.2", "allowed.example", "+time=2", "+tries=1"),
-  "dig_virtual": run("dig", "+short", "allowed.example"),
-  "tcp_ip_53": tcp("198.18.5.2", 53),
-  "tcp_ip_853": tcp("198.18.5.2", 853),
-  "tcp_ip6_853": tcp("2001:db8:5::2", 853, socket.AF_INET6),
-  "tcp_name_53": tcp("allowed.example", 53),
-  "tcp_name_853": tcp("allowed.example", 853),
-  "nft_flush": run("nft", "flush", "ruleset"),
-  "ip_link_add": run("ip", "link", "add", "dummy0", "type", "dummy"),
-  "ip_addr_add": run("ip", "addr", "add", "10.9.9.9/32", "dev", "lo"),
-  "links": run("ip", "-o", "link", "show"),
-  "routes": run("ip", "route", "show"),
+res = boundary_egress(30)
+res.update({
   "resolv": open("/etc/resolv.conf").read(),
   "status": {k: v.strip() for k, v in (l.split(":", 1) for l in status.splitlines())},
   "isatty": [os.isatty(0), os.isatty(1), os.isatty(2)],
@@ -91,7 +73,7 @@ res = {
   "unshare_user": run("unshare", "-Urn", "true"),
   "modules_disabled": open("/proc/sys/kernel/modules_disabled").read().strip(),
   "forged_exit": run("sh", "-c", "printf 'fail forged by the agent\\nexit 0\\n' >&3"),
-}
+})
 print("PROBES " + json.dumps(res), flush=True)
 print("to-stderr", file=sys.stderr, flush=True)
 sys.exit(7)

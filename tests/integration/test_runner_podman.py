@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import re
+import secrets
 import select
 import signal
 import socket
@@ -21,6 +22,7 @@ import time
 
 import pytest
 
+from probes import helpers as probe_helpers
 from runner_hosts import runner_hosts  # noqa: F401 (a fixture)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -54,21 +56,42 @@ def podman(*args):
                           env=dict(os.environ, CONTAINERS_CONF=str(CONTAINERS_CONF)))
 
 
+def run_argv(cmd, allow=(ALLOW,), extra=()):
+    """`compass-runner run --backend podman [--egress-allow A]… EXTRA… -- CMD…`."""
+    flags = [w for a in allow for w in ("--egress-allow", a)]
+    return [str(RUNNER), "run", "--backend", "podman", *flags, *extra, "--", *cmd]
+
+
 def run_agent(*cmd, allow=(ALLOW,), extra=(), timeout=120, env=None):
-    args = ["run", "--backend", "podman"]
-    for a in allow:
-        args += ["--egress-allow", a]
-    return runner(*args, *extra, "--", *cmd, timeout=timeout, env=env)
+    return runner(*run_argv(cmd, allow, extra)[1:], timeout=timeout, env=env)
+
+
+def run_agent_pid(*cmd, allow=(ALLOW,), extra=(), timeout=300, env=None):
+    """run_agent, and the runner's pid as the result's `.pid` (its agent.json names it while
+    it runs: see _left_by()). The timeout is well above the runner's own (120 s for podman to
+    start the container, 60 s a podman command), so a start slowed by load or by podman's
+    storage lock fails with the runner's message, not this one; a runner that still overruns
+    it is killed and gc removes what it left."""
+    proc = subprocess.Popen(run_argv(cmd, allow, extra), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env or runner_env())
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        runner("gc")
+        raise
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    r.pid = proc.pid
+    return r
 
 
 class Live:
     """A runner in the background: waits for its "agent ID running" line."""
 
     def __init__(self, *cmd, allow=(ALLOW,), extra=()):
-        args = [str(RUNNER), "run", "--backend", "podman"]
-        for a in allow:
-            args += ["--egress-allow", a]
-        self.proc = subprocess.Popen([*args, *extra, "--", *cmd], stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(run_argv(cmd, allow, extra), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env=runner_env())
         self.err = ""
@@ -121,30 +144,59 @@ def leftovers(agent_id):
     left = []
     if podman("container", "exists", f"compass-{agent_id}").returncode == 0:
         left.append(f"container compass-{agent_id}")
-    if pathlib.Path(f"/run/netns/compass-{agent_id}").exists():
-        left.append(f"netns compass-{agent_id}")
-    if pathlib.Path(f"/sys/class/net/cv{agent_id}").exists():
-        left.append(f"veth cv{agent_id}")
-    if (STATE_ROOT / agent_id).exists():
-        left.append(f"state dir {STATE_ROOT / agent_id}")
     if pathlib.Path(f"/run/compass-rootfs/{agent_id}").exists():
         left.append(f"rootfs mount /run/compass-rootfs/{agent_id}")
+    return left + _agent_traces().get(agent_id, [])
+
+
+# An agent id (state.cc newAgentId()); the tests' own "compass-t…" netns and firewall_driver's
+# "t…" ids are none.
+AGENT_ID = "a[0-9a-f]{10}"
+
+
+def _agent_traces():
+    """What any agent has on the host now, by agent id: netns compass-ID, veth cvID, nft
+    tables named with the id, uid range claim, sam-box process, state dir (and whether it
+    has its record, agent.json, or only a sam-box socket)."""
+    traces = {}
+
+    def add(agent_id, what):
+        traces.setdefault(agent_id, []).append(what)
+
+    for where, pattern in (("/run/netns", f"compass-({AGENT_ID})"),
+                           ("/sys/class/net", f"cv({AGENT_ID})")):
+        names = os.listdir(where) if os.path.isdir(where) else []
+        for m in filter(None, (re.fullmatch(pattern, n) for n in names)):
+            add(m.group(1), f"{where}/{m.group(0)}")
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    for m in re.finditer(rf"^table (\S+ \S*?({AGENT_ID})\S*)$", tables, re.M):
+        add(m.group(2), f"nft table {m.group(1)}")
     claims = pathlib.Path("/run/compass-uidmap")
-    if claims.is_dir() and any(p.read_text() == agent_id for p in claims.iterdir()):
-        left.append("uid range claim")
+    for claim in claims.iterdir() if claims.is_dir() else ():
+        try:
+            owner = claim.read_text()
+        except OSError:
+            continue  # released meanwhile
+        if re.fullmatch(AGENT_ID, owner):
+            add(owner, f"uid range claim {claim}")
+    in_state_dir = re.compile(rf"{re.escape(str(STATE_ROOT))}/({AGENT_ID})\b")
     for proc in pathlib.Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if argv and argv[0].endswith(b"sam-box") and str(STATE_ROOT / agent_id).encode() in b" ".join(argv):
-            left.append(f"sam-box pid {proc.name}")
-    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
-    if agent_id in tables:
-        left.append(f"nft table: {tables}")
-    return left
+        m = in_state_dir.search(" ".join(argv)) if argv[0].endswith("sam-box") else None
+        if m:
+            add(m.group(1), f"sam-box pid {proc.name}")
+    for d in STATE_ROOT.glob("a*"):
+        if re.fullmatch(AGENT_ID, d.name):
+            orphan = not (d / "agent.json").exists()
+            sock = orphan and (d / "agent.sock").exists()
+            add(d.name, f"state dir {d}" + (" without agent.json" if orphan else "")
+                + (" but with a sam-box socket" if sock else ""))
+    return traces
 
 
 @pytest.fixture(scope="module")
@@ -160,53 +212,16 @@ def image():
 @pytest.fixture(scope="module")
 def probes(image, runner_hosts):
     """One agent runs every probe and reports JSON; the tests below read its answers."""
-    script = r'''
-import json, os, socket, subprocess
-def run(*cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    return {"rc": r.returncode, "out": r.stdout, "err": r.stderr}
-def tcp(host, port, family=socket.AF_INET):
-    s = socket.socket(family, socket.SOCK_STREAM)
-    s.settimeout(8)
-    try:
-        s.connect((host, port))
-        s.settimeout(2)
-        try:
-            data = s.recv(100).decode(errors="replace")
-        except OSError as e:
-            data = "recv: " + repr(e)
-        return {"ok": True, "data": data}
-    except OSError as e:
-        return {"ok": False, "error": type(e).__name__ + ": " + str(e)}
-    finally:
-        s.close()
+    script = probe_helpers(run_secs=30, connect_secs=8, recv_secs=2) + r'''
 status = open("/proc/self/status").read()
-res = {
-  "curl4_allowed": run("curl", "-4", "-sS", "-m", "10", "http://allowed.example/"),
-  "curl6_allowed": run("curl", "-6", "-sS", "-m", "10", "http://allowed.example/"),
-  "curl_denied": run("curl", "-sS", "-m", "10", "http://denied.example/"),
-  "curl6_denied": run("curl", "-6", "-sS", "-m", "10", "http://denied.example/"),
-  "curl_raw_ip": run("curl", "-sS", "-m", "10", "http://198.18.5.2/"),
-  "curl_raw_ip6": run("curl", "-g", "-sS", "-m", "10", "http://[2001:db8:5::2]/"),
-  "dig_outside": run("dig", "@198.18.5.2", "allowed.example", "+time=2", "+tries=1"),
-  "dig_outside_tcp": run("dig", "+tcp", "@198.18.5.2", "allowed.example", "+time=2", "+tries=1"),
-  "dig_virtual": run("dig", "+short", "allowed.example"),
-  "tcp_ip_53": tcp("198.18.5.2", 53),
-  "tcp_ip_853": tcp("198.18.5.2", 853),
-  "tcp_ip6_853": tcp("2001:db8:5::2", 853, socket.AF_INET6),
-  "tcp_name_53": tcp("allowed.example", 53),
-  "tcp_name_853": tcp("allowed.example", 853),
-  "nft_flush": run("nft", "flush", "ruleset"),
-  "ip_link_add": run("ip", "link", "add", "dummy0", "type", "dummy"),
-  "ip_addr_add": run("ip", "addr", "add", "10.9.9.9/32", "dev", "lo"),
-  "links": run("ip", "-o", "link", "show"),
-  "routes": run("ip", "route", "show"),
+res = boundary_egress(10)
+res.update({
   "resolv": open("/etc/resolv.conf").read(),
   "status": {k: v.strip() for k, v in (l.split(":", 1) for l in status.splitlines())},
   "isatty": [os.isatty(0), os.isatty(1), os.isatty(2)],
   "uid": os.getuid(),
   "tun_dev": os.path.exists("/dev/net/tun"),
-}
+})
 print("PROBES " + json.dumps(res))
 '''
     r = run_agent("python3", "-c", script, timeout=300)
@@ -410,9 +425,38 @@ def test_rootfs_dir_runs_and_is_never_written(image, runner_hosts):
 # Refusals: nothing starts, nothing is left
 
 
-def _no_new_sandboxes(before):
-    after = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
-    return sorted(n for n in after - before if n.startswith("compass-"))
+def _runner_of(agent_id):
+    """The runner pid in the agent's record; None without a record (not written yet, or gone)."""
+    try:
+        return json.loads((STATE_ROOT / agent_id / "agent.json").read_text())["runner_pid"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _left_by(runner_pid, before, settle=30):
+    """What the runner `runner_pid`, which has exited, left on the host: the traces
+    (_agent_traces()) of agents not in `before` that no other runner owns.
+
+    Other sessions' agents may start and stop meanwhile. Each one's record, naming its own
+    runner, is written before its netns, veth, tables, claim and sam-box are made, and removed
+    only once they are gone; so an agent is taken for this runner's only if it has no record
+    or one naming `runner_pid`, both before and after its traces are listed a second time
+    (another agent that was being torn down is gone from that list). Only its state dir can
+    be seen without its record, for a moment (made before it, removed after it): one such is
+    waited for, up to `settle` s, to go. What this runner left stays: nothing of it runs."""
+    def unowned(agent_id):
+        return _runner_of(agent_id) in (None, runner_pid)
+
+    deadline = time.monotonic() + settle
+    while True:
+        suspects = [i for i in _agent_traces() if i not in before and unowned(i)]
+        again = _agent_traces()
+        left = {i: again[i] for i in sorted(suspects) if i in again and unowned(i)}
+        settling = all(w.endswith(("without agent.json", "socket")) for ws in left.values()
+                       for w in ws)
+        if not left or not settling or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 def test_refuses_without_root(image):
@@ -437,20 +481,23 @@ def test_refuses_a_missing_image_and_a_rootfs_that_is_no_directory(image):
         assert r.returncode != 0 and "host's root directory" in r.stderr, r.stderr
 
 
-def test_a_missing_image_found_by_podman_run_is_refused_and_leaves_nothing(image):
+def test_a_missing_image_found_by_podman_run_is_refused_and_leaves_nothing(image, runner_hosts):
     """`podman run --pull never` itself finds the image missing (no extra podman process per
-    start): the same refusal, and what start made meanwhile (netns, sam-box, firewall) is gone."""
-    before = set(os.listdir("/run/netns"))
+    start): the same refusal, and what start made meanwhile (netns, sam-box, firewall) is gone.
+
+    Robust to other sessions on the machine: the image name is this run's own (no other test
+    can have made it), what is counted as left is only what no other runner owns (_left_by),
+    and the allowlist's name, which the firewall resolves before the agent may start, is
+    answered by runner_hosts' /etc/hosts block rather than by whatever resolver the machine
+    has (that block exists only while some session uses runner_hosts)."""
+    missing = f"localhost/no-such-image-{secrets.token_hex(4)}:latest"
     for egress in ("boundary", "firewall"):
-        r = run_agent("true", extra=("--image", "localhost/no-such-image:latest",
-                                     "--egress", egress))
-        assert r.returncode == 2, r.stderr
-        assert "refusing to start: --image localhost/no-such-image:latest: no such image" \
-            in r.stderr, r.stderr
+        before = set(_agent_traces())
+        r = run_agent_pid("true", extra=("--image", missing, "--egress", egress))
+        assert r.returncode == 2, (egress, r.stderr)
+        assert f"refusing to start: --image {missing}: no such image" in r.stderr, r.stderr
         assert not re.search(r"agent \S+ running", r.stderr), r.stderr  # none ever started
-    assert _no_new_sandboxes(before) == []
-    assert not [s for s in STATE_ROOT.glob("a*/agent.sock")
-                if not (s.parent / "agent.json").exists()]  # no orphaned sam-box socket
+        assert _left_by(r.pid, before) == {}, (egress, r.stderr)
 
 
 def test_refuses_a_sidecar_socket_that_cannot_reach_a_node(image, tmp_path):
@@ -485,17 +532,17 @@ def test_refuses_when_containers_conf_enables_a_pasta_forward(image):
 
 
 def test_a_boundary_that_cannot_start_leaves_nothing(image):
-    before = set(os.listdir("/run/netns"))
+    before = set(_agent_traces())
     with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as f:
         f.write("#!/bin/sh\necho 'sam-box: refusing for this test' >&2\nexit 2\n")
     os.chmod(f.name, 0o755)
     try:
-        r = run_agent("true", env=runner_env(COMPASS_SAM_BOX=f.name))
+        r = run_agent_pid("true", env=runner_env(COMPASS_SAM_BOX=f.name))
     finally:
         os.unlink(f.name)
     assert r.returncode != 0 and "sam-box" in r.stderr, r.stderr
     assert "refusing for this test" in r.stderr, r.stderr  # its log's last lines
-    assert _no_new_sandboxes(before) == []
+    assert _left_by(r.pid, before) == {}, r.stderr
 
 
 # ---------------------------------------------------------------------------------------
