@@ -98,6 +98,11 @@ void reapAgent(const std::string& id, const std::string& state_dir, int sam_box_
 
 void reapOrphanGuests(const std::string& root, const std::vector<std::string>& live_ids) {
   const std::set<std::string> live(live_ids.begin(), live_ids.end());
+  // As podman_reap.cc: a record is asked for after the listing, so a runner started since
+  // `live_ids` was read (its agent.json comes before its QEMU and sam-box) is left alone.
+  auto orphan = [&](const std::string& id) {
+    return !id.empty() && live.count(id) == 0 && !readRecord(root + "/" + id);
+  };
   std::set<std::string> dead;
   auto idUnderRoot = [&](const std::string& path) -> std::string {
     if (path.rfind(root + "/", 0) != 0) return "";
@@ -107,11 +112,11 @@ void reapOrphanGuests(const std::string& root, const std::vector<std::string>& l
   };
   for (const auto& [pid, pidfile] : allGuests()) {
     const std::string id = idUnderRoot(pidfile);
-    if (!id.empty() && live.count(id) == 0) dead.insert(id);
+    if (orphan(id)) dead.insert(id);
   }
   for (const auto& [pid, sock] : samBoxesUnder(root)) {
     const std::string id = idUnderRoot(sock);
-    if (!id.empty() && live.count(id) == 0) dead.insert(id);
+    if (orphan(id)) dead.insert(id);
   }
   for (const auto& id : dead) {
     const std::string dir = root + "/" + id;

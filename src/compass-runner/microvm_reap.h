@@ -18,8 +18,9 @@ std::vector<int> qemuProcessesIn(const std::string& state_dir);
 /// `state_dir`/agent.sock). The caller removes the state dir. Never throws.
 void reapAgent(const std::string& id, const std::string& state_dir, int sam_box_pid) noexcept;
 
-/// For gc: the same for every agent under `root` with a QEMU or sam-box running but no id in
-/// `live_ids`, and removes such an agent's state dir if it holds no agent.json.
+/// For gc: the same for every agent under `root` with a QEMU or sam-box running, no id in
+/// `live_ids` and no agent.json (asked after the listing: an agent started since `live_ids`
+/// was read is left alone), and removes such an agent's state dir.
 void reapOrphanGuests(const std::string& root, const std::vector<std::string>& live_ids);
 
 }  // namespace runner::microvm

@@ -37,20 +37,27 @@ void reapAgent(const std::string& conf, const std::string& id, std::string conta
 
 void reapOrphanAgents(const std::string& conf, const std::vector<std::string>& live_ids) {
   const std::set<std::string> live(live_ids.begin(), live_ids.end());
+  const std::string root = stateRoot("podman");
+  // Asked after each listing, not only from `live_ids` (read before it): a runner that
+  // started since wrote its agent.json before it made anything listed here. A record whose
+  // runner is dead was reaped by gc through the record already.
+  auto orphan = [&](const std::string& id) {
+    return !id.empty() && live.count(id) == 0 && !readRecord(root + "/" + id);
+  };
   std::set<std::string> dead;
   auto consider = [&](const std::string& id) {
-    if (!id.empty() && live.count(id) == 0) dead.insert(id);
+    if (orphan(id)) dead.insert(id);
   };
   for (const auto& id : agentContainers(conf)) consider(id);
   for (const auto& id : netns::listAgentIds()) consider(id);
   for (const auto& id : claimedIds()) consider(id);
   for (const auto& id : rootfsIds()) consider(id);
-  for (const auto& [pid, sock] : samBoxesUnder(stateRoot("podman"))) {
+  for (const auto& [pid, sock] : samBoxesUnder(root)) {
     const std::string dir = sock.substr(0, sock.rfind('/'));
     const std::string id = dir.substr(dir.rfind('/') + 1);
-    if (live.count(id) == 0) killSamBox(pid);
+    if (orphan(id)) killSamBox(pid);
   }
-  for (const auto& id : dead) reapAgent(conf, id, "", "", -1, stateRoot("podman") + "/" + id);
+  for (const auto& id : dead) reapAgent(conf, id, "", "", -1, root + "/" + id);
 }
 
 }  // namespace runner::podman

@@ -18,9 +18,11 @@ namespace runner::podman {
 void reapAgent(const std::string& conf, const std::string& id, std::string container,
                std::string ns, pid_t sam_box_pid, const std::string& state_dir);
 
-/// Reaps every agent of the podman tier not in `live_ids`: containers labelled
-/// compass.agent, netns named compass-<id>, claimed id ranges, --rootfs overlays and sam-box
-/// processes serving a socket under the tier's state root. Throws RunnerError if podman cannot
+/// Reaps every agent of the podman tier that is not in `live_ids` and has no agent.json (a
+/// runner killed before it wrote one; a record is checked after the listing, so an agent
+/// started since `live_ids` was read is left alone): containers labelled compass.agent, netns
+/// named compass-<id>, claimed id ranges, --rootfs overlays and sam-box processes serving a
+/// socket under the tier's state root. Throws RunnerError if podman cannot
 /// list the containers (podman_cli.h agentContainers()).
 void reapOrphanAgents(const std::string& conf, const std::vector<std::string>& live_ids);
 

@@ -580,6 +580,31 @@ def test_fifty_start_stop_cycles_leave_nothing(image, runner_hosts):
     assert {i: l for i, l in left.items() if l} == {}
 
 
+def test_gc_running_all_the_while_never_reaps_an_agent_that_is_starting(image, runner_hosts):
+    """gc reads the records first and lists containers, netns and claims after (a podman ps
+    in between): an agent whose runner started in that gap has a record but was not among the
+    live ones. It must be left alone, not torn down under its runner."""
+    import threading
+    stop = threading.Event()
+    gcs = []
+
+    def collect():
+        while not stop.is_set():
+            gcs.append(runner("gc", timeout=120))
+
+    t = threading.Thread(target=collect)
+    t.start()
+    try:
+        results = [run_agent("sh", "-c", f"echo started-{i}") for i in range(8)]
+    finally:
+        stop.set()
+        t.join()
+    assert len(gcs) >= 3, "gc did not run alongside the starts"
+    for i, r in enumerate(results):
+        assert r.returncode == 0 and f"started-{i}" in r.stdout, r.stderr
+    assert all(g.returncode == 0 for g in gcs), [g.stderr for g in gcs if g.returncode]
+
+
 # ---------------------------------------------------------------------------------------
 # nano-init as the podman tier runs it: no CAP_NET_ADMIN, tun0 from its launcher
 
