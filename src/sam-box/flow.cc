@@ -10,7 +10,7 @@ void finishFlow(const FlowRecord& flow, Metrics& metrics) {
                       std::chrono::steady_clock::now() - flow.started)
                       .count();
   metrics.flow(flow.outcome, route);
-  if (!flow.reason.empty()) metrics.refusal(flow.reason);
+  if (!flow.reason.empty() && flow.outcome != "allowed") metrics.refusal(flow.reason);
   if (flow.bytes_up > 0) metrics.bytes("upstream", route, flow.bytes_up);
   if (flow.bytes_down > 0) metrics.bytes("downstream", route, flow.bytes_down);
   nlohmann::json fields = {

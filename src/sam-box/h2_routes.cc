@@ -93,19 +93,25 @@ asio::awaitable<void> H2Session::refuseStream(H2Stream& s, FlowRecord& record, i
     record.refuse(reason);
   }
   respond(s, status, reason, false, false);
-  finishFlow(record, server_.metrics_);
+  finishStream(record);
   co_return;
+}
+
+void H2Session::finishStream(FlowRecord& record) {
+  if (stopped_) record.stoppedByBoundary();
+  finishFlow(record, server_.metrics_);
 }
 
 // A stream that nghttp2 has closed (the agent's RST_STREAM, or the connection's end) before
 // its route opened the upstream: cancel hooks are set only once there is an upstream socket,
 // so each step that can take time (the co_spawn hand-off, resolving, connecting) checks this
 // after it, or an agent could make the box hold an upstream connection and a flow place per
-// reset stream (the rapid-reset pattern, CVE-2023-44487).
+// reset stream (the rapid-reset pattern, CVE-2023-44487). The boundary's stop closes every
+// stream too: `stopped` says so.
 namespace {
-bool abandonedBeforeOpen(H2Stream& s, FlowRecord& record, Metrics& metrics) {
+bool abandonedBeforeOpen(H2Stream& s, FlowRecord& record, Metrics& metrics, bool stopped) {
   if (!s.closed) return false;
-  record.fail(kReasonStreamReset);
+  record.fail(stopped ? kReasonBoundaryStopped : kReasonStreamReset);
   finishFlow(record, metrics);
   return true;
 }
@@ -146,7 +152,7 @@ asio::awaitable<void> H2Session::serveStream(std::shared_ptr<H2Stream> stream) {
       ~Release() { --n; }
     } release{server_.active_flows_};
     const StreamRequest request = checkRequest(s);
-    if (abandonedBeforeOpen(s, record, server_.metrics_)) {
+    if (abandonedBeforeOpen(s, record, server_.metrics_, stopped_)) {
       // reset before it was served: nothing was opened for it
     } else if (s.too_large) {
       server_.metrics_.limitHit(kLimitMaxHeaderBytes);
@@ -177,18 +183,19 @@ asio::awaitable<void> H2Session::serveStream(std::shared_ptr<H2Stream> stream) {
 
 asio::awaitable<void> H2Session::idleWatch(const H2Stream& s, std::chrono::milliseconds timeout,
                                            const char* limit, bool half_close) {
+  const TcpTimeouts& timeouts = server_.config_.tcp_timeouts;
   asio::steady_timer timer(agent_.get_executor());
   for (;;) {
-    const auto limit_now = (half_close && (s.in_eof || s.out_eof)) ? kHalfClosedTimeout : timeout;
-    const auto due = s.last_activity + limit_now;
+    const bool half_closed = half_close && (s.in_eof || s.out_eof);
+    const auto due = s.last_activity + (half_closed ? timeouts.half_closed : timeout);
     const auto now = std::chrono::steady_clock::now();
     if (now >= due) {
-      server_.metrics_.limitHit(limit);
+      server_.metrics_.limitHit(half_closed ? kLimitHalfClosedTimeout : limit);
       co_return;
     }
     // Wake at the due time, or sooner to notice a direction ending (which shortens it).
     timer.expires_after(
-        std::min<std::chrono::steady_clock::duration>(due - now, kIdleCheckInterval));
+        std::min<std::chrono::steady_clock::duration>(due - now, timeouts.check_interval));
     asio::error_code ec;
     co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
     if (ec) co_return;  // cancelled: the flow ended another way
@@ -200,7 +207,7 @@ asio::awaitable<void> H2Session::streamTcp(H2Stream& s, FlowRecord& record) {
   const char* reason = nullptr;
   const auto addresses =
       co_await server_.resolvePermitted(record.decision, deadline, &reason, &record.address);
-  if (abandonedBeforeOpen(s, record, server_.metrics_)) co_return;
+  if (abandonedBeforeOpen(s, record, server_.metrics_, stopped_)) co_return;
   if (addresses.empty()) {
     co_await refuseStream(s, record, resolveFailureStatus(reason), reason,
                           reason != kReasonForbiddenAddress);
@@ -225,7 +232,7 @@ asio::awaitable<void> H2Session::streamTcp(H2Stream& s, FlowRecord& record) {
     }
     if (timed_out || s.closed) break;
   }
-  if (abandonedBeforeOpen(s, record, server_.metrics_)) co_return;  // closes `upstream`
+  if (abandonedBeforeOpen(s, record, server_.metrics_, stopped_)) co_return;  // closes `upstream`
   if (!connected) {
     if (timed_out) server_.metrics_.limitHit(kLimitConnectTimeout);
     co_await refuseStream(s, record, timed_out ? 504 : 502,
@@ -258,9 +265,9 @@ asio::awaitable<void> H2Session::streamTcp(H2Stream& s, FlowRecord& record) {
     if (s.in_eof && !s.closed) upstream.shutdown(asio::socket_base::shutdown_send, ec);
   };
   co_await ((up() && relayToAgent(s, upstream, record.bytes_down)) ||
-            idleWatch(s, kTcpIdleTimeout, kLimitTcpIdleTimeout, true));
+            idleWatch(s, server_.config_.tcp_timeouts.idle, kLimitTcpIdleTimeout, true));
   if (!s.out_eof) reset(s, NGHTTP2_CANCEL);
-  finishFlow(record, server_.metrics_);
+  finishStream(record);
 }
 
 asio::awaitable<void> H2Session::streamUdp(H2Stream& s, FlowRecord& record) {
@@ -268,7 +275,7 @@ asio::awaitable<void> H2Session::streamUdp(H2Stream& s, FlowRecord& record) {
   const char* reason = nullptr;
   const auto addresses =
       co_await server_.resolvePermitted(record.decision, deadline, &reason, &record.address);
-  if (abandonedBeforeOpen(s, record, server_.metrics_)) co_return;
+  if (abandonedBeforeOpen(s, record, server_.metrics_, stopped_)) co_return;
   if (addresses.empty()) {
     co_await refuseStream(s, record, resolveFailureStatus(reason), reason,
                           reason != kReasonForbiddenAddress);
@@ -331,7 +338,7 @@ asio::awaitable<void> H2Session::streamUdp(H2Stream& s, FlowRecord& record) {
   co_await (toUpstream() || toAgent() ||
             idleWatch(s, kUdpIdleTimeout, kLimitUdpIdleTimeout, false));
   endToAgent(s);
-  finishFlow(record, server_.metrics_);
+  finishStream(record);
 }
 
 asio::awaitable<void> H2Session::streamMesh(H2Stream& s, FlowRecord& record) {
@@ -344,7 +351,7 @@ asio::awaitable<void> H2Session::streamMesh(H2Stream& s, FlowRecord& record) {
     co_await node.async_connect(asio::local::stream_protocol::endpoint(sidecar),
                                 asio::redirect_error(use_awaitable, ec));
   }
-  if (abandonedBeforeOpen(s, record, server_.metrics_)) co_return;  // closes `node`
+  if (abandonedBeforeOpen(s, record, server_.metrics_, stopped_)) co_return;  // closes `node`
   if (ec) {
     common::log::warn("node API socket unreachable",
                       {{"sidecar_socket", sidecar}, {"error", ec.message()}});
@@ -376,6 +383,7 @@ asio::awaitable<void> H2Session::streamMesh(H2Stream& s, FlowRecord& record) {
         co_await asio::async_write(node, asio::buffer(out),
                                    asio::redirect_error(use_awaitable, write_ec));
         if (!write_ec) record.bytes_up += out.size();
+        s.last_activity = std::chrono::steady_clock::now();
       }
       consumed(s, chunk.size());
       if (status != proto::RequestStreamRewriter::Status::kOk) {
@@ -393,9 +401,10 @@ asio::awaitable<void> H2Session::streamMesh(H2Stream& s, FlowRecord& record) {
     asio::error_code ignored;
     if (s.in_eof && !s.closed) node.shutdown(asio::socket_base::shutdown_send, ignored);
   };
-  co_await (toNode() && relayToAgent(s, node, record.bytes_down));
+  co_await ((toNode() && relayToAgent(s, node, record.bytes_down)) ||
+            idleWatch(s, server_.config_.tcp_timeouts.idle, kLimitTcpIdleTimeout, true));
   if (!s.out_eof) reset(s, NGHTTP2_CANCEL);
-  finishFlow(record, server_.metrics_);
+  finishStream(record);
 }
 
 }  // namespace sambox

@@ -53,7 +53,14 @@ asio::awaitable<void> serveH2Connection(Server& server, asio::local::stream_prot
 }
 
 H2Session::H2Session(Server& server, asio::local::stream_protocol::socket agent)
-    : server_(server), agent_(std::move(agent)), write_signal_(agent_.get_executor()) {
+    : server_(server),
+      agent_(std::move(agent)),
+      write_signal_(agent_.get_executor()),
+      open_(server.open_flows_, [this] {
+        stopped_ = !dead_;  // a connection already gone ended its streams itself
+        asio::error_code ignored;
+        agent_.close(ignored);  // ends the reader and the writer, then every stream (run())
+      }) {
   nghttp2_session_callbacks* cb = nullptr;
   nghttp2_session_callbacks_new(&cb);
   nghttp2_session_callbacks_set_on_begin_headers_callback(cb, onBeginHeaders);

@@ -22,6 +22,7 @@
 // no byte from the agent for kTcpIdleTimeout is ended with GOAWAY NO_ERROR.
 
 #include "sam-box/flow.h"
+#include "sam-box/open_flows.h"
 #include "sam-box/server.h"
 
 #include <nghttp2/nghttp2.h>
@@ -156,12 +157,15 @@ class H2Session : public std::enable_shared_from_this<H2Session> {
   asio::awaitable<void> streamTcp(H2Stream& s, FlowRecord& record);
   asio::awaitable<void> streamUdp(H2Stream& s, FlowRecord& record);
   asio::awaitable<void> streamMesh(H2Stream& s, FlowRecord& record);
-  /// Returns once no byte has moved on `s` (its last_activity) for `timeout` — or, when
-  /// `half_close` and one direction has ended (the agent's END_STREAM, or the upstream's EOF),
-  /// for kHalfClosedTimeout, as the HTTP/1.1 relay does (relay.h) — counting `limit`. Checks
-  /// every kIdleCheckInterval; returns early (without counting) when cancelled.
+  /// Returns once no byte has moved on `s` (its last_activity) for `timeout`, counting
+  /// `limit` — or, when `half_close` and one direction has ended (the agent's END_STREAM, or
+  /// the upstream's EOF), for the half-closed timeout, counting half-closed-timeout, as the
+  /// HTTP/1.1 relay does (relay.h). Checks at least every Config::tcp_timeouts.check_interval;
+  /// returns early (without counting) when cancelled.
   asio::awaitable<void> idleWatch(const H2Stream& s, std::chrono::milliseconds timeout,
                                   const char* limit, bool half_close);
+  /// finishFlow(), saying boundary-stopped if the boundary's stop ended the connection.
+  void finishStream(FlowRecord& record);
 
   Server& server_;
   asio::local::stream_protocol::socket agent_;
@@ -172,6 +176,10 @@ class H2Session : public std::enable_shared_from_this<H2Session> {
   bool protocol_error_counted_ = false;
   std::string last_error_;  ///< nghttp2's words for the last error, for the log
   std::chrono::steady_clock::time_point last_read_ = std::chrono::steady_clock::now();
+  bool stopped_ = false;  ///< the boundary's stop closed the connection
+  /// Held as long as the session (every stream's route holds it): Server::stop() closes the
+  /// connection, which ends every stream, each with its flow line.
+  OpenFlows::Entry open_;
 };
 
 }  // namespace sambox

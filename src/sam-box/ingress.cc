@@ -73,10 +73,15 @@ asio::awaitable<void> Server::serveIngress(TcpSocket client) {
     co_await asio::async_write(client, asio::buffer(head.data() + head_len, head.size() - head_len),
                                asio::redirect_error(use_awaitable, ec));
   }
+  // Ended by stop() like a tunnel; its line is written all the same.
+  const OpenFlows::Entry open(open_flows_, [&client, &agent] {
+    asio::error_code ignored;
+    client.close(ignored);
+    agent.close(ignored);
+  });
   uint64_t in = 0;
   uint64_t out = 0;
-  if (co_await spliceBothWays(client, agent, in, out, pipes_))
-    metrics_.limitHit(kLimitTcpIdleTimeout);
+  countRelayEnd(co_await spliceBothWays(client, agent, in, out, pipes_, config_.tcp_timeouts));
   common::log::info("ingress", {{"service", serves.name}, {"bytes_in", in}, {"bytes_out", out}});
 }
 

@@ -25,12 +25,24 @@ inline constexpr std::chrono::milliseconds kMaxResolveCacheTtl{3'600'000};
 inline constexpr size_t kResolveCacheEntries = 1024;
 /// A TCP flow with no byte either way for this long is closed.
 inline constexpr std::chrono::milliseconds kTcpIdleTimeout{30 * 60 * 1000};
-/// Once one side of a TCP flow has ended, the other side may stay silent this long.
+/// Once one side of a TCP flow (mesh included) has ended, the flow may stay silent this long;
+/// then it is closed and counted as half-closed-timeout.
 inline constexpr std::chrono::milliseconds kHalfClosedTimeout{120'000};
 /// How often an idle flow's counters are looked at (upper bound on timeout overshoot).
 inline constexpr std::chrono::milliseconds kIdleCheckInterval{5'000};
+/// The TCP relay's watchdog (relay.h) as one value: the defaults are the limits above, and
+/// nothing but a test shortens them (Config::tcp_timeouts; no flag sets them).
+struct TcpTimeouts {
+  std::chrono::milliseconds idle = kTcpIdleTimeout;               ///< tcp-idle-timeout
+  std::chrono::milliseconds half_closed = kHalfClosedTimeout;     ///< half-closed-timeout
+  std::chrono::milliseconds check_interval = kIdleCheckInterval;  ///< overshoot bound
+};
 /// A connect-udp flow with no datagram either way for this long is closed.
 inline constexpr std::chrono::milliseconds kUdpIdleTimeout{60'000};
+/// Once sam-box is told to stop, the most it waits for the flows it ended to log their line
+/// (they need a few turns of the loop) and for tunnels still being set up (a name lookup
+/// cannot be interrupted) before it exits anyway.
+inline constexpr std::chrono::milliseconds kStopGrace{2'000};
 /// Pause after a failed accept(2) (e.g. EMFILE) before accepting again.
 inline constexpr std::chrono::milliseconds kAcceptBackoff{50};
 /// File descriptors a flow may hold: two sockets and two pipes (one per relay direction,
@@ -71,5 +83,6 @@ inline constexpr const char* kLimitConnectTimeout = "connect-timeout";
 inline constexpr const char* kLimitHeadReadTimeout = "head-read-timeout";
 inline constexpr const char* kLimitUdpIdleTimeout = "udp-idle-timeout";
 inline constexpr const char* kLimitTcpIdleTimeout = "tcp-idle-timeout";
+inline constexpr const char* kLimitHalfClosedTimeout = "half-closed-timeout";
 
 }  // namespace sambox

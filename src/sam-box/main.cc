@@ -109,9 +109,9 @@ int run(const sambox::Flags& flags) {
   asio::signal_set signals(io, SIGTERM, SIGINT);
   signals.async_wait([&](const asio::error_code& ec, int signo) {
     if (ec) return;
-    common::log::info("stopping", {{"signal", signo}});
-    server.stop();
-    io.stop();
+    // Open flows are ended (not dropped): each writes its line, then the loop stops.
+    common::log::info("stopping", {{"signal", signo}, {"open_flows", server.openFlows()}});
+    server.stop([&io] { io.stop(); });
   });
   if (config.allowlist.empty()) {
     common::log::warn(

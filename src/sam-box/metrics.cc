@@ -33,11 +33,12 @@ Metrics::Metrics() {
         kReasonMeshUdp, kReasonMeshPort, kReasonMalformed, kReasonForbiddenAddress,
         kReasonResolveFailed, kReasonConnectFailed, kReasonConnectTimeout, kReasonNodeUnavailable,
         kReasonHeaderTooLarge, kReasonHeaderTimeout, kReasonMethodNotAllowed, kReasonTooManyFlows,
-        kReasonStreamReset}) {
+        kReasonStreamReset, kReasonBoundaryStopped}) {
     series(refusals_, "reason", reason) = 0;
   }
-  for (const char* limit : {kLimitMaxHeaderBytes, kLimitMaxConcurrentFlows, kLimitConnectTimeout,
-                            kLimitHeadReadTimeout, kLimitUdpIdleTimeout, kLimitTcpIdleTimeout}) {
+  for (const char* limit :
+       {kLimitMaxHeaderBytes, kLimitMaxConcurrentFlows, kLimitConnectTimeout, kLimitHeadReadTimeout,
+        kLimitUdpIdleTimeout, kLimitTcpIdleTimeout, kLimitHalfClosedTimeout}) {
     series(limits_, "limit", limit) = 0;
   }
 }

@@ -66,6 +66,9 @@ struct Config {
   std::optional<ListenAddress> metrics;            ///< absent: no metrics listener
   std::optional<ListenAddress> ingress;            ///< set only when the bundle has `serves`
   std::chrono::milliseconds resolve_cache_ttl{0};  ///< how long a name's answer is reused
+  /// The TCP relays' idle and half-closed timeouts: limits.h's, set by no flag (tests shorten
+  /// them).
+  TcpTimeouts tcp_timeouts;
 
   /// The agent id asserted to the node in X-Sam-Agent; empty when there is no bundle.
   [[nodiscard]] std::string agentId() const { return bundle ? bundle->agent_id : std::string(); }

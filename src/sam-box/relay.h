@@ -5,6 +5,10 @@
 // (TCP or Unix); each direction ends with shutdown(SHUT_WR) of its destination on EOF, so
 // half-close is carried through.
 //
+// One splice loop (relay_detail::Direction) and one idle watchdog serve every relay:
+// spliceBothWays() for external TCP and ingress, spliceBackWith() for the mesh route, whose
+// requests are rewritten in userspace on their way while its responses are spliced.
+//
 // Pipes come from a PipePool: a direction holds one only while bytes are in flight and gives
 // it back, empty, whenever it waits for its source. So an idle flow holds two sockets and no
 // pipe, a flow's set-up costs no pipe2(2), and the number of (large) pipes is bounded by the
@@ -16,7 +20,7 @@
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <asio/awaitable.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/co_spawn.hpp>
 #include <asio/redirect_error.hpp>
 #include <asio/socket_base.hpp>
 #include <asio/steady_timer.hpp>
@@ -27,6 +31,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <system_error>
 #include <vector>
@@ -63,90 +68,63 @@ class PipePool {
   std::vector<Pipe> idle_;
 };
 
-/// Moves bytes from `src` to `dst` until EOF on `src`, then shuts down writing on `dst`.
-/// `moved` is incremented by each byte delivered to `dst` as it goes (bytes).
-/// Throws asio::system_error on a socket error (e.g. ECONNRESET); the caller closes both.
-template <typename Src, typename Dst>
-asio::awaitable<void> spliceOneWay(Src& src, Dst& dst, uint64_t& moved, PipePool& pool) {
-  // Sockets the server already made non-blocking (all of them, normally) cost no ioctl here.
-  if (!src.non_blocking() && !src.native_non_blocking()) src.native_non_blocking(true);
-  if (!dst.non_blocking() && !dst.native_non_blocking()) dst.native_non_blocking(true);
-  PipePool::Pipe pipe;
-  for (;;) {
-    // Asio re-arms the descriptor (EPOLL_CTL_MOD) for every wait, so the wait completes at
-    // once if bytes are already there: no splice needs to fail with EAGAIN before it.
-    pool.release(std::move(pipe));  // empty: every byte spliced into it went out
-    co_await src.async_wait(asio::socket_base::wait_read, asio::use_awaitable);
-    pipe = pool.acquire();
-    for (;;) {
-      const ssize_t in = ::splice(src.native_handle(), nullptr, pipe.write_end.get(), nullptr,
-                                  pool.chunkBytes(), SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-      if (in == 0) {
-        pool.release(std::move(pipe));
-        asio::error_code ignored;
-        dst.shutdown(asio::socket_base::shutdown_send, ignored);
-        co_return;
-      }
-      if (in < 0) {
-        if (errno == EAGAIN || errno == EINTR) break;
-        throw asio::system_error(asio::error_code(errno, asio::system_category()), "splice in");
-      }
-      size_t pending = static_cast<size_t>(in);
-      while (pending > 0) {
-        const ssize_t out = ::splice(pipe.read_end.get(), nullptr, dst.native_handle(), nullptr,
-                                     pending, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-        if (out < 0) {
-          if (errno == EAGAIN || errno == EINTR) {
-            co_await dst.async_wait(asio::socket_base::wait_write, asio::use_awaitable);
-            continue;
-          }
-          throw asio::system_error(asio::error_code(errno, asio::system_category()), "splice out");
-        }
-        pending -= static_cast<size_t>(out);
-        moved += static_cast<uint64_t>(out);
-      }
-      // A step short of the pipe's size emptied the source (or the pipe's slots ran out; the
-      // wait then completes at once): wait rather than try again.
-      if (static_cast<size_t>(in) < pool.chunkBytes()) break;
-    }
+/// How a relay ended.
+enum class RelayEnd {
+  kEnded,       ///< both directions reached EOF, or one failed or was closed (then both are)
+  kIdle,        ///< no byte either way for TcpTimeouts::idle: both sockets closed
+  kHalfClosed,  ///< a direction had ended and nothing moved for half_closed: both closed
+};
+
+/// The sam_box_limit_hits_total label of the limit that ended a relay, or nullptr.
+inline const char* limitHit(RelayEnd end) {
+  switch (end) {
+    case RelayEnd::kIdle:
+      return kLimitTcpIdleTimeout;
+    case RelayEnd::kHalfClosed:
+      return kLimitHalfClosedTimeout;
+    case RelayEnd::kEnded:
+      break;
   }
+  return nullptr;
 }
 
 namespace relay_detail {
 
-/// What the two directions of one spliceBothWays() share: the ops in flight, how it ends, and
-/// the timer its coroutine sleeps on (cancelled to wake it once the relay is over).
+/// What the directions of one relay share: the ops in flight, how it ends, and the timer its
+/// coroutine sleeps on (cancelled to wake it once the relay is over).
 struct Shared {
-  asio::steady_timer* timer = nullptr;
-  int pending = 0;      ///< socket waits in flight; their handlers refer to this frame
+  Shared(asio::steady_timer& t, std::function<void()> close)
+      : timer(t), close_both(std::move(close)) {}
+  asio::steady_timer& timer;
+  std::function<void()> close_both;
+  int pending = 0;      ///< ops in flight; their handlers refer to this frame
   int ended = 0;        ///< directions that reached EOF
   bool closed = false;  ///< a direction failed or the flow idled: both sockets are closed
   [[nodiscard]] bool over() const { return pending == 0 && (closed || ended == 2); }
   void wakeIfOver() const {
-    if (over()) timer->cancel();
+    if (over()) timer.cancel();
+  }
+  /// Closes both sockets (once), which ends every wait still in flight with an error.
+  void close() {
+    if (closed) return;
+    closed = true;
+    close_both();
   }
 };
 
-/// One direction of spliceBothWays(): spliceOneWay()'s loop, run by completion handlers
-/// instead of a coroutine of its own, so that a flow costs no coroutine frames, no parallel
-/// group and no cancellation slots per direction.
+/// One spliced direction of a relay, run by completion handlers instead of a coroutine of its
+/// own, so that a flow costs no coroutine frames, no parallel group and no cancellation slots
+/// per direction. The only splice loop of sam-box.
 template <typename Src, typename Dst>
 class Direction {
  public:
-  Direction(Src& src, Dst& dst, uint64_t& moved, PipePool& pool, Shared& shared,
-            std::function<void()> close_both)
-      : src_(src),
-        dst_(dst),
-        moved_(moved),
-        pool_(pool),
-        shared_(shared),
-        close_both_(std::move(close_both)) {}
+  Direction(Src& src, Dst& dst, uint64_t& moved, PipePool& pool, Shared& shared)
+      : src_(src), dst_(dst), moved_(moved), pool_(pool), shared_(shared) {}
   Direction(const Direction&) = delete;
   Direction& operator=(const Direction&) = delete;
 
-  [[nodiscard]] bool ended() const { return ended_; }
-
   void start() {
+    // Sockets the server already made non-blocking (all of them, normally) cost no ioctl here.
     try {
       if (!src_.non_blocking() && !src_.native_non_blocking()) src_.native_non_blocking(true);
       if (!dst_.non_blocking() && !dst_.native_non_blocking()) dst_.native_non_blocking(true);
@@ -192,10 +170,10 @@ class Direction {
       const ssize_t in = ::splice(src_.native_handle(), nullptr, pipe_.write_end.get(), nullptr,
                                   pool_.chunkBytes(), SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
       if (in == 0) {
+        // EOF: carried through as a half-close.
         pool_.release(std::move(pipe_));
         asio::error_code ignored;
         dst_.shutdown(asio::socket_base::shutdown_send, ignored);
-        ended_ = true;
         ++shared_.ended;
         shared_.wakeIfOver();
         return;
@@ -244,13 +222,10 @@ class Direction {
     pump();
   }
 
-  /// A socket error (or a wait ended by the close below): both sockets are closed, which
-  /// ends the other direction's wait too. A pipe that may hold bytes is dropped, not reused.
+  /// A socket error (or a wait ended by a close): both sockets are closed, which ends the
+  /// other direction's wait too. A pipe that may hold bytes is dropped, not reused.
   void fail() {
-    if (!shared_.closed) {
-      shared_.closed = true;
-      close_both_();
-    }
+    shared_.close();
     if (in_pipe_ > 0) pipe_ = PipePool::Pipe{};
     in_pipe_ = 0;
     pool_.release(std::move(pipe_));
@@ -262,45 +237,24 @@ class Direction {
   uint64_t& moved_;
   PipePool& pool_;
   Shared& shared_;
-  std::function<void()> close_both_;
   PipePool::Pipe pipe_;
   size_t in_pipe_ = 0;  ///< bytes spliced into pipe_ and not yet out
   size_t last_in_ = 0;  ///< bytes the last splice into pipe_ moved
-  bool ended_ = false;
 };
 
-}  // namespace relay_detail
-
-/// Relays both directions until both have reached EOF, until either fails, or until the flow
-/// idles: no byte either way for kTcpIdleTimeout, or, once one direction has ended, none for
-/// kHalfClosedTimeout (a peer that went away without a reset must not hold a flow forever).
-/// On failure or idling both sockets are closed and the error is swallowed: a reset is an
-/// ordinary end of a flow. `a_to_b` and `b_to_a` count bytes delivered. Returns true if the
-/// flow was ended for idling.
-template <typename A, typename B>
-asio::awaitable<bool> spliceBothWays(A& a, B& b, uint64_t& a_to_b, uint64_t& b_to_a,
-                                     PipePool& pool) {
-  // One timer is both the idle watchdog and the relay's end: a direction cancels it once
-  // both have ended, or once a failure has closed both sockets and no wait is left in flight.
-  asio::steady_timer timer(co_await asio::this_coro::executor);
-  relay_detail::Shared shared;
-  shared.timer = &timer;
-  auto close_both = [&a, &b] {
-    asio::error_code ignored;
-    a.close(ignored);
-    b.close(ignored);
-  };
-  relay_detail::Direction<A, B> forward(a, b, a_to_b, pool, shared, close_both);
-  relay_detail::Direction<B, A> backward(b, a, b_to_a, pool, shared, close_both);
-  forward.start();
-  backward.start();
-  bool idled = false;
+/// The relay's own coroutine: sleeps on `shared.timer` until the relay is over, and closes
+/// the flow when it idles (see spliceBothWays()). One timer is both the idle watchdog and the
+/// relay's end: a direction cancels it once both have ended, or once a failure has closed
+/// both sockets and no wait is left in flight.
+inline asio::awaitable<RelayEnd> watch(Shared& shared, const uint64_t& a_to_b,
+                                       const uint64_t& b_to_a, TcpTimeouts timeouts) {
+  RelayEnd end = RelayEnd::kEnded;
   uint64_t seen = a_to_b + b_to_a;
   auto last_activity = std::chrono::steady_clock::now();
   while (!shared.over()) {
-    timer.expires_after(kIdleCheckInterval);
+    shared.timer.expires_after(timeouts.check_interval);
     asio::error_code ec;
-    co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    co_await shared.timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     if (shared.over() || shared.closed) continue;  // over, or the closed waits still unwinding
     const auto now = std::chrono::steady_clock::now();
     if (a_to_b + b_to_a != seen) {
@@ -308,14 +262,70 @@ asio::awaitable<bool> spliceBothWays(A& a, B& b, uint64_t& a_to_b, uint64_t& b_t
       last_activity = now;
       continue;
     }
-    const auto limit = (forward.ended() || backward.ended()) ? kHalfClosedTimeout : kTcpIdleTimeout;
-    if (now - last_activity >= limit) {
-      idled = true;
-      shared.closed = true;
-      close_both();  // ends both waits; their handlers run before the loop ends
+    const bool half_closed = shared.ended > 0;
+    if (now - last_activity >= (half_closed ? timeouts.half_closed : timeouts.idle)) {
+      end = half_closed ? RelayEnd::kHalfClosed : RelayEnd::kIdle;
+      shared.close();  // ends every wait; their handlers run before the loop ends
     }
   }
-  co_return idled;
+  co_return end;
+}
+
+}  // namespace relay_detail
+
+/// Relays both directions until both have reached EOF, until either fails, or until the flow
+/// idles: no byte either way for `timeouts.idle`, or, once one direction has ended, none for
+/// `timeouts.half_closed` (a peer that went away without a reset, or an upstream that never
+/// answers an agent that has said all it will, must not hold a flow for the full idle time).
+/// On failure or idling both sockets are closed and the error is swallowed: a reset is an
+/// ordinary end of a flow. So is a close from outside (a stopping boundary closes the sockets
+/// of every open flow). `a_to_b` and `b_to_a` count bytes delivered.
+template <typename A, typename B>
+asio::awaitable<RelayEnd> spliceBothWays(A& a, B& b, uint64_t& a_to_b, uint64_t& b_to_a,
+                                         PipePool& pool, TcpTimeouts timeouts = {}) {
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  relay_detail::Shared shared(timer, [&a, &b] {
+    asio::error_code ignored;
+    a.close(ignored);
+    b.close(ignored);
+  });
+  relay_detail::Direction<A, B> forward(a, b, a_to_b, pool, shared);
+  relay_detail::Direction<B, A> backward(b, a, b_to_a, pool, shared);
+  forward.start();
+  backward.start();
+  co_return co_await relay_detail::watch(shared, a_to_b, b_to_a, timeouts);
+}
+
+/// spliceBothWays() where a→b is moved by `forward`, a coroutine of the caller's, instead of
+/// splice(2) (the mesh route rewrites each request on its way). `forward` adds to `a_to_b`
+/// what `b` took, shuts down writing on `b` at `a`'s EOF and returns, or throws on a failure
+/// (then both sockets are closed); it may wait only on `a` and `b`, so that closing them ends
+/// it. b→a is spliced. Same watchdog, timeouts and ending as spliceBothWays().
+template <typename A, typename B>
+asio::awaitable<RelayEnd> spliceBackWith(asio::awaitable<void> forward, A& a, B& b,
+                                         uint64_t& a_to_b, uint64_t& b_to_a, PipePool& pool,
+                                         TcpTimeouts timeouts = {}) {
+  const auto executor = co_await asio::this_coro::executor;
+  asio::steady_timer timer(executor);
+  relay_detail::Shared shared(timer, [&a, &b] {
+    asio::error_code ignored;
+    a.close(ignored);
+    b.close(ignored);
+  });
+  relay_detail::Direction<B, A> backward(b, a, b_to_a, pool, shared);
+  // `forward` counts as one op in flight until it returns: the relay's frame outlives it.
+  ++shared.pending;
+  asio::co_spawn(executor, std::move(forward), [&shared](const std::exception_ptr& failure) {
+    --shared.pending;
+    if (failure) {
+      shared.close();
+    } else {
+      ++shared.ended;
+    }
+    shared.wakeIfOver();
+  });
+  backward.start();
+  co_return co_await relay_detail::watch(shared, a_to_b, b_to_a, timeouts);
 }
 
 }  // namespace sambox

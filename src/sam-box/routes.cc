@@ -24,7 +24,6 @@ namespace sambox {
 
 using asio::use_awaitable;
 using asio::experimental::awaitable_operators::operator||;
-using asio::experimental::awaitable_operators::operator&&;
 
 namespace {
 
@@ -180,9 +179,10 @@ asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
   // only when there is something to wait for.
   const auto deadline = asio::steady_timer::clock_type::now() + kConnectTimeout;
   const std::vector<asio::ip::address> addresses = co_await resolveOrRefuse(agent, flow, deadline);
-  if (addresses.empty()) co_return;
+  if (addresses.empty() || stoppedInSetUp(flow)) co_return;
   std::optional<asio::steady_timer> connect_deadline;
   TcpSocket upstream(io_);
+  const ScopedCloser closer(flow.close_upstream, upstream);
   bool connected = false;
   bool timed_out = false;
   for (const auto& addr : addresses) {
@@ -199,8 +199,9 @@ asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
       flow.record.address = addressText(ep.address());
       break;
     }
-    if (timed_out) break;
+    if (timed_out || flow.stopped) break;
   }
+  if (stoppedInSetUp(flow)) co_return;
   if (!connected) {
     if (timed_out) metrics_.limitHit(kLimitConnectTimeout);
     co_await refuse(agent, flow, timed_out ? 504 : 502,
@@ -228,20 +229,19 @@ asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
   flow.record.outcome = "allowed";
   if (!ec) {
     InProgress guard(metrics_, routeLabel(flow.record.decision.route));
-    if (co_await spliceBothWays(agent, upstream, flow.record.bytes_up, flow.record.bytes_down,
-                                pipes_)) {
-      metrics_.limitHit(kLimitTcpIdleTimeout);
-    }
+    countRelayEnd(co_await spliceBothWays(agent, upstream, flow.record.bytes_up,
+                                          flow.record.bytes_down, pipes_, config_.tcp_timeouts));
   }
-  finishFlow(flow.record, metrics_);
+  finish(flow);
 }
 
 asio::awaitable<void> Server::externalUdp(UnixSocket& agent, Flow& flow) {
   const auto deadline = asio::steady_timer::clock_type::now() + kConnectTimeout;
   const std::vector<asio::ip::address> addresses = co_await resolveOrRefuse(agent, flow, deadline);
-  if (addresses.empty()) co_return;
+  if (addresses.empty() || stoppedInSetUp(flow)) co_return;
   const asio::ip::udp::endpoint target(addresses.front(), flow.record.decision.port);
   asio::ip::udp::socket upstream(io_);
+  const ScopedCloser closer(flow.close_upstream, upstream);
   asio::error_code ec;
   upstream.connect(target, ec);
   if (ec) {
@@ -253,7 +253,7 @@ asio::awaitable<void> Server::externalUdp(UnixSocket& agent, Flow& flow) {
                              asio::redirect_error(use_awaitable, ec));
   flow.record.outcome = "allowed";
   if (ec) {
-    finishFlow(flow.record, metrics_);
+    finish(flow);
     co_return;
   }
   InProgress guard(metrics_, routeLabel(flow.record.decision.route));
@@ -313,11 +313,12 @@ asio::awaitable<void> Server::externalUdp(UnixSocket& agent, Flow& flow) {
     }
   };
   co_await (toUpstream() || toAgent() || idle());
-  finishFlow(flow.record, metrics_);
+  finish(flow);
 }
 
 asio::awaitable<void> Server::meshEntrypoint(UnixSocket& agent, Flow& flow) {
   UnixSocket node(io_);
+  const ScopedCloser closer(flow.close_upstream, node);
   asio::error_code ec;
   if (config_.flags.sidecar_socket.empty()) {
     ec = asio::error::not_found;
@@ -326,6 +327,7 @@ asio::awaitable<void> Server::meshEntrypoint(UnixSocket& agent, Flow& flow) {
         asio::local::stream_protocol::endpoint(config_.flags.sidecar_socket),
         asio::redirect_error(use_awaitable, ec));
   }
+  if (stoppedInSetUp(flow)) co_return;
   if (ec) {
     common::log::warn("node API socket unreachable",
                       {{"sidecar_socket", config_.flags.sidecar_socket}, {"error", ec.message()}});
@@ -336,13 +338,14 @@ asio::awaitable<void> Server::meshEntrypoint(UnixSocket& agent, Flow& flow) {
                              asio::redirect_error(use_awaitable, ec));
   flow.record.outcome = "allowed";
   if (ec) {
-    finishFlow(flow.record, metrics_);
+    finish(flow);
     co_return;
   }
   InProgress guard(metrics_, routeLabel(flow.record.decision.route));
 
   // Requests are rewritten (the sandbox never chooses its own X-Sam-Agent); responses are
-  // relayed untouched.
+  // spliced untouched. The relay (relay.h) runs this coroutine as the agent-to-node direction:
+  // it ends at the agent's EOF (carried as a half-close) and throws on anything else.
   auto toNode = [&]() -> asio::awaitable<void> {
     proto::RequestStreamRewriter rewriter("X-Sam-Agent", config_.agentId());
     std::string out;
@@ -372,14 +375,9 @@ asio::awaitable<void> Server::meshEntrypoint(UnixSocket& agent, Flow& flow) {
       pending = std::string_view(buf.data(), n);
     }
   };
-  try {
-    co_await (toNode() && spliceOneWay(node, agent, flow.record.bytes_down, pipes_));
-  } catch (const std::exception&) {
-    asio::error_code ignored;
-    agent.close(ignored);
-    node.close(ignored);
-  }
-  finishFlow(flow.record, metrics_);
+  countRelayEnd(co_await spliceBackWith(toNode(), agent, node, flow.record.bytes_up,
+                                        flow.record.bytes_down, pipes_, config_.tcp_timeouts));
+  finish(flow);
 }
 
 }  // namespace sambox

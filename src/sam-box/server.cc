@@ -19,6 +19,7 @@
 #include <array>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 namespace sambox {
 
@@ -75,7 +76,8 @@ std::unique_ptr<asio::ip::tcp::acceptor> bindTcpListener(asio::io_context& io,
 Server::Server(asio::io_context& io, const Config& config)
     : io_(io),
       config_(config),
-      resolver_(io, kResolverThreads, config.resolve_cache_ttl, kResolveCacheEntries) {}
+      resolver_(io, kResolverThreads, config.resolve_cache_ttl, kResolveCacheEntries),
+      stop_grace_(io) {}
 
 void Server::start() {
   if (config_.metrics) metrics_acceptor_ = bindTcpListener(io_, "--metrics-addr", *config_.metrics);
@@ -89,7 +91,7 @@ void Server::start() {
   if (ingress_acceptor_) asio::co_spawn(io_, acceptIngress(), asio::detached);
 }
 
-void Server::stop() {
+void Server::stop(std::function<void()> done) {
   asio::error_code ignored;
   if (tunnel_acceptor_ && tunnel_acceptor_->is_open()) {
     tunnel_acceptor_->close(ignored);
@@ -97,6 +99,37 @@ void Server::stop() {
   }
   if (metrics_acceptor_) metrics_acceptor_->close(ignored);
   if (ingress_acceptor_) ingress_acceptor_->close(ignored);
+  if (open_flows_.stopping()) return;
+  on_stopped_ = std::move(done);
+  // Armed first: the flows may all be gone at once (then stopped() cancels it).
+  stop_grace_.expires_after(kStopGrace);
+  stop_grace_.async_wait([this](const asio::error_code& ec) {
+    if (ec) return;
+    common::log::warn("stopping: flows still being served after the grace period are dropped",
+                      {{"flows", open_flows_.size()}, {"grace_ms", kStopGrace.count()}});
+    stopped();
+  });
+  open_flows_.stopAll([this] { stopped(); });
+}
+
+void Server::stopped() {
+  stop_grace_.cancel();
+  if (auto done = std::exchange(on_stopped_, nullptr)) done();
+}
+
+void Server::finish(Flow& flow) {
+  if (flow.stopped) flow.record.stoppedByBoundary();
+  finishFlow(flow.record, metrics_);
+}
+
+bool Server::stoppedInSetUp(Flow& flow) {
+  if (!flow.stopped) return false;
+  finish(flow);
+  return true;
+}
+
+void Server::countRelayEnd(RelayEnd end) {
+  if (const char* limit = limitHit(end)) metrics_.limitHit(limit);
 }
 
 asio::awaitable<void> Server::acceptTunnels() {
@@ -227,6 +260,14 @@ asio::awaitable<void> Server::serveTunnel(UnixSocket agent) {
     size_t& n;
     ~Release() { --n; }
   } release{active_flows_};
+  // Ended by stop(): closing the agent's socket (and the upstream's, once there is one) ends
+  // every wait of the flow, wherever it is; it then finishes as usual, saying why.
+  OpenFlows::Entry open(open_flows_, [&agent, &flow] {
+    flow.stopped = true;
+    asio::error_code ignored;
+    agent.close(ignored);
+    if (flow.close_upstream) flow.close_upstream();
+  });
 
   Head head = co_await readHead(agent);
   if (head.closed) co_return;

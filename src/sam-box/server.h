@@ -7,6 +7,7 @@
 #include "sam-box/limits.h"
 #include "sam-box/local_addresses.h"
 #include "sam-box/metrics.h"
+#include "sam-box/open_flows.h"
 #include "sam-box/options.h"
 #include "sam-box/relay.h"
 #include "sam-box/resolver.h"
@@ -18,6 +19,7 @@
 #include <asio/steady_timer.hpp>
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,9 +44,14 @@ class Server {
   /// Binds every listener and starts accepting. Throws std::runtime_error naming the flag
   /// of a listener that cannot be bound; nothing is left listening in that case.
   void start();
-  /// Closes the listeners and removes the socket files it created. Open flows end when the
-  /// io_context stops.
-  void stop();
+  /// Closes the listeners, removes the socket files it created, and ends every open flow:
+  /// their sockets are closed, so each one writes its flow line (reason boundary-stopped) and
+  /// is counted as it unwinds. `done` runs once they all have, or after kStopGrace (tunnels
+  /// still being set up, e.g. waiting for a name lookup, may take that long), whichever is
+  /// first. Nothing waits for a peer: an upstream that never reads does not delay it.
+  void stop(std::function<void()> done = {});
+  /// Connections being served (tunnels, HTTP/2 connections, ingress), set-up included.
+  [[nodiscard]] size_t openFlows() const { return open_flows_.size(); }
   [[nodiscard]] Metrics& metrics() { return metrics_; }
 
  private:
@@ -105,6 +112,16 @@ class Server {
   /// Sends the refusal (status + Boundary-Reason) and records the flow as denied/failed.
   asio::awaitable<void> refuse(UnixSocket& agent, Flow& flow, int status, const char* reason,
                                bool is_error);
+  /// Writes the flow's line and metrics; a flow the boundary's stop ended says so (reason
+  /// boundary-stopped).
+  void finish(Flow& flow);
+  /// If the boundary's stop came while `flow` was being set up: records it failed
+  /// (boundary-stopped), finishes it and returns true.
+  bool stoppedInSetUp(Flow& flow);
+  /// Counts the limit (if any) that ended a relay.
+  void countRelayEnd(RelayEnd end);
+  /// The end of stop(): runs its `done` once.
+  void stopped();
 
   asio::io_context& io_;
   const Config& config_;
@@ -113,6 +130,10 @@ class Server {
   LocalAddresses local_addresses_;
   PipePool pipes_{kRelayPipeBytes, kRelayIdlePipes};
   size_t active_flows_ = 0;
+  /// Every connection being served, so that stop() can end each one.
+  OpenFlows open_flows_;
+  asio::steady_timer stop_grace_;
+  std::function<void()> on_stopped_;
   /// readHead()'s first read, which never waits: one buffer for every flow instead of a
   /// 16 KiB allocation per flow.
   std::array<char, kReadBufferBytes> head_buffer_{};

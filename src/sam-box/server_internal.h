@@ -7,6 +7,7 @@
 #include <asio/ip/address.hpp>
 #include <asio/steady_timer.hpp>
 
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -16,6 +17,28 @@ struct Server::Flow {
   FlowRecord record;
   proto::TunnelKind kind = proto::TunnelKind::kConnectTcp;
   std::string early_data;  ///< bytes the agent sent after the request head, before our answer
+  bool stopped = false;    ///< the boundary's stop ended it (its sockets are closed)
+  /// Closes the route's upstream socket (set while the route has one; see ScopedCloser).
+  std::function<void()> close_upstream;
+};
+
+/// Sets `slot` to close `socket` for as long as this lives (a route's upstream socket, for
+/// stop()).
+class ScopedCloser {
+ public:
+  template <typename Socket>
+  ScopedCloser(std::function<void()>& slot, Socket& socket) : slot_(slot) {
+    slot_ = [&socket] {
+      asio::error_code ignored;
+      socket.close(ignored);
+    };
+  }
+  ~ScopedCloser() { slot_ = nullptr; }
+  ScopedCloser(const ScopedCloser&) = delete;
+  ScopedCloser& operator=(const ScopedCloser&) = delete;
+
+ private:
+  std::function<void()>& slot_;
 };
 
 /// As much of `data` as `socket` takes at once, without waiting (0 if none; `ec` set on an

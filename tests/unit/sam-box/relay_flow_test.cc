@@ -1,5 +1,7 @@
-// spliceBothWays() end to end over socket pairs: bytes and half-closes carried both ways,
-// large transfers (full pipes and full destinations), and a failure closing both sides.
+// spliceBothWays() and spliceBackWith() end to end over socket pairs: bytes and half-closes
+// carried both ways, large transfers (full pipes and full destinations), a failure closing
+// both sides, the idle and half-closed timeouts (shortened), and a close from outside (what
+// a stopping boundary does).
 
 #include "sam-box/relay.h"
 
@@ -10,7 +12,11 @@
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 #include <asio/local/stream_protocol.hpp>
+#include <asio/post.hpp>
+#include <asio/write.hpp>
 
+#include <array>
+#include <cctype>
 #include <chrono>
 #include <csignal>
 #include <string>
@@ -60,6 +66,15 @@ std::string readAll(int fd) {
   }
 }
 
+/// Timeouts a test can wait out: well past any scheduling hiccup, far below the defaults.
+TcpTimeouts shortTimeouts() {
+  TcpTimeouts t;
+  t.idle = std::chrono::milliseconds(1500);
+  t.half_closed = std::chrono::milliseconds(300);
+  t.check_interval = std::chrono::milliseconds(20);
+  return t;
+}
+
 struct Relay {
   asio::io_context io;
   PipePool pool{64 * 1024, 4};
@@ -68,13 +83,17 @@ struct Relay {
   uint64_t up = 0;
   uint64_t down = 0;
   bool done = false;
-  bool idled = true;
+  RelayEnd end = RelayEnd::kIdle;
+  std::chrono::steady_clock::duration took{};
 
-  void start() {
+  void start(TcpTimeouts timeouts = {}) {
     asio::co_spawn(
         io,
-        [this]() -> asio::awaitable<void> {
-          idled = co_await spliceBothWays(client.relay_end, server.relay_end, up, down, pool);
+        [this, timeouts]() -> asio::awaitable<void> {
+          const auto started = std::chrono::steady_clock::now();
+          end =
+              co_await spliceBothWays(client.relay_end, server.relay_end, up, down, pool, timeouts);
+          took = std::chrono::steady_clock::now() - started;
           done = true;
         },
         asio::detached);
@@ -101,7 +120,7 @@ TEST(RelayFlowTest, CarriesBytesAndHalfClosesBothWays) {
   r.io.run();
   peers.join();
   EXPECT_TRUE(r.done);
-  EXPECT_FALSE(r.idled);
+  EXPECT_EQ(r.end, RelayEnd::kEnded);
   EXPECT_EQ(r.up, 5U);
   EXPECT_EQ(r.down, 6U);
   EXPECT_EQ(r.pool.idle(), 1U);  // the pipe came back empty, once, and was reused
@@ -127,7 +146,7 @@ TEST(RelayFlowTest, LargeTransfersBothWaysAtOnce) {
   r.io.run();
   for (auto* t : {&w1, &w2, &r1, &r2}) t->join();
   EXPECT_TRUE(r.done);
-  EXPECT_FALSE(r.idled);
+  EXPECT_EQ(r.end, RelayEnd::kEnded);
   EXPECT_TRUE(got_up == up) << got_up.size() << " of " << up.size();
   EXPECT_TRUE(got_down == down) << got_down.size() << " of " << down.size();
   EXPECT_EQ(r.up, up.size());
@@ -173,9 +192,221 @@ TEST(RelayFlowTest, AFailureClosesBothSides) {
   r.io.run();
   peers.join();
   EXPECT_TRUE(r.done);
-  EXPECT_FALSE(r.idled);
+  EXPECT_EQ(r.end, RelayEnd::kEnded);
   EXPECT_FALSE(r.client.relay_end.is_open());
   EXPECT_FALSE(r.server.relay_end.is_open());
+}
+
+TEST(RelayFlowTest, HalfClosedFlowWhoseUpstreamNeverAnswersIsClosed) {
+  // The agent says all it will and half-closes; the upstream never reads nor closes. The flow
+  // is closed once the half-closed timeout passes, not after the idle timeout.
+  Relay r;
+  r.start(shortTimeouts());
+  std::string got;
+  std::thread agent([&] {
+    EXPECT_TRUE(writeAll(r.client.peer, "request"));
+    ::shutdown(r.client.peer, SHUT_WR);
+    got = readAll(r.client.peer);  // EOF once the relay gives up
+  });
+  r.io.run();
+  agent.join();
+  EXPECT_TRUE(r.done);
+  EXPECT_EQ(r.end, RelayEnd::kHalfClosed);
+  EXPECT_EQ(got, "");
+  EXPECT_EQ(r.up, 7U);  // delivered into the upstream's socket, never read
+  EXPECT_GE(r.took, shortTimeouts().half_closed);
+  EXPECT_LT(r.took, shortTimeouts().idle);
+  EXPECT_FALSE(r.server.relay_end.is_open());
+  EXPECT_EQ(limitHit(r.end), std::string(kLimitHalfClosedTimeout));
+}
+
+TEST(RelayFlowTest, BytesAfterAHalfCloseKeepTheFlowOpen) {
+  // The half-closed timeout counts silence, not age: an upstream that keeps answering after
+  // the agent's half-close is relayed to its end.
+  Relay r;
+  r.start(shortTimeouts());
+  std::string got;
+  std::thread peers([&] {
+    EXPECT_TRUE(writeAll(r.client.peer, "q"));
+    ::shutdown(r.client.peer, SHUT_WR);
+    for (int i = 0; i < 8; ++i) {  // 8 x 100 ms: over twice the half-closed timeout
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      EXPECT_TRUE(writeAll(r.server.peer, "x"));
+    }
+    ::shutdown(r.server.peer, SHUT_WR);
+    got = readAll(r.client.peer);
+  });
+  r.io.run();
+  peers.join();
+  EXPECT_EQ(r.end, RelayEnd::kEnded);
+  EXPECT_EQ(got, "xxxxxxxx");
+  EXPECT_EQ(r.down, 8U);
+}
+
+TEST(RelayFlowTest, SilentFlowIsClosedAfterTheIdleTimeout) {
+  Relay r;
+  r.start(shortTimeouts());
+  r.io.run();  // nobody sends anything
+  EXPECT_TRUE(r.done);
+  EXPECT_EQ(r.end, RelayEnd::kIdle);
+  EXPECT_GE(r.took, shortTimeouts().idle);
+  EXPECT_EQ(limitHit(r.end), std::string(kLimitTcpIdleTimeout));
+  EXPECT_FALSE(r.client.relay_end.is_open());
+}
+
+TEST(RelayFlowTest, ACloseFromOutsideEndsTheRelayAndKeepsItsCount) {
+  // What a stopping boundary does to an open flow: close its sockets. The relay ends at
+  // once (default timeouts: nothing else could end it), with the bytes it moved.
+  Relay r;
+  r.start();
+  std::thread peers([&] {
+    EXPECT_TRUE(writeAll(r.client.peer, "abc"));
+    char buf[3];
+    size_t n = 0;
+    while (n < sizeof buf) {
+      const ssize_t got = ::recv(r.server.peer, buf + n, sizeof buf - n, 0);
+      if (got <= 0) break;
+      n += static_cast<size_t>(got);
+    }
+    EXPECT_EQ(n, 3U);
+    asio::post(r.io, [&] {
+      asio::error_code ignored;
+      r.client.relay_end.close(ignored);
+      r.server.relay_end.close(ignored);
+    });
+    readAll(r.client.peer);
+  });
+  r.io.run();
+  peers.join();
+  EXPECT_TRUE(r.done);
+  EXPECT_EQ(r.end, RelayEnd::kEnded);
+  EXPECT_EQ(r.up, 3U);
+  EXPECT_LT(r.took, std::chrono::seconds(5));
+}
+
+// spliceBackWith(): client → server by a coroutine of the test's (upper-casing, as the mesh
+// route rewrites), server → client spliced.
+
+struct BackRelay : Relay {
+  void startBackWith(TcpTimeouts timeouts = {}) {
+    asio::co_spawn(
+        io,
+        [this, timeouts]() -> asio::awaitable<void> {
+          auto upper = [this]() -> asio::awaitable<void> {
+            std::array<char, 4096> buf{};
+            for (;;) {
+              asio::error_code ec;
+              const size_t n = co_await client.relay_end.async_read_some(
+                  asio::buffer(buf), asio::redirect_error(asio::use_awaitable, ec));
+              if (ec == asio::error::eof) {
+                server.relay_end.shutdown(asio::socket_base::shutdown_send, ec);
+                co_return;
+              }
+              if (ec) throw asio::system_error(ec);
+              for (size_t i = 0; i < n; ++i) {
+                if (buf[i] == '!') throw asio::system_error(asio::error::invalid_argument);
+                buf[i] = static_cast<char>(std::toupper(static_cast<unsigned char>(buf[i])));
+              }
+              co_await asio::async_write(server.relay_end, asio::buffer(buf.data(), n),
+                                         asio::use_awaitable);
+              up += n;
+            }
+          };
+          const auto started = std::chrono::steady_clock::now();
+          end = co_await spliceBackWith(upper(), client.relay_end, server.relay_end, up, down, pool,
+                                        timeouts);
+          took = std::chrono::steady_clock::now() - started;
+          done = true;
+        },
+        asio::detached);
+  }
+};
+
+TEST(RelayFlowTest, BackWithCarriesBothWaysAndHalfCloses) {
+  BackRelay r;
+  r.startBackWith();
+  const std::string down = pattern(3 << 20);
+  std::string got_down;
+  std::thread peers([&] {
+    EXPECT_TRUE(writeAll(r.client.peer, "hello"));
+    ::shutdown(r.client.peer, SHUT_WR);
+    EXPECT_EQ(readAll(r.server.peer), "HELLO");  // then EOF: the half-close arrived
+    std::thread reader([&] { got_down = readAll(r.client.peer); });
+    EXPECT_TRUE(writeAll(r.server.peer, down));
+    ::shutdown(r.server.peer, SHUT_WR);
+    reader.join();
+  });
+  r.io.run();
+  peers.join();
+  EXPECT_TRUE(r.done);
+  EXPECT_EQ(r.end, RelayEnd::kEnded);
+  EXPECT_TRUE(got_down == down) << got_down.size();
+  EXPECT_EQ(r.up, 5U);
+  EXPECT_EQ(r.down, down.size());
+}
+
+TEST(RelayFlowTest, BackWithAFailingCoroutineClosesBothSides) {
+  BackRelay r;
+  r.startBackWith();
+  std::thread peers([&] {
+    EXPECT_TRUE(writeAll(r.client.peer, "no!"));
+    EXPECT_EQ(readAll(r.server.peer), "");  // closed, nothing forwarded
+    readAll(r.client.peer);
+  });
+  r.io.run();
+  peers.join();
+  EXPECT_TRUE(r.done);
+  EXPECT_EQ(r.end, RelayEnd::kEnded);
+  EXPECT_FALSE(r.client.relay_end.is_open());
+  EXPECT_FALSE(r.server.relay_end.is_open());
+}
+
+TEST(RelayFlowTest, BackWithHalfClosedWhileTheServerNeverAnswersIsClosed) {
+  // The mesh route's case: the agent sends its request and half-closes; the node never reads
+  // it nor answers.
+  BackRelay r;
+  r.startBackWith(shortTimeouts());
+  std::string got;
+  std::thread agent([&] {
+    EXPECT_TRUE(writeAll(r.client.peer, "get /"));
+    ::shutdown(r.client.peer, SHUT_WR);
+    got = readAll(r.client.peer);
+  });
+  r.io.run();
+  agent.join();
+  EXPECT_TRUE(r.done);
+  EXPECT_EQ(r.end, RelayEnd::kHalfClosed);
+  EXPECT_EQ(got, "");
+  EXPECT_EQ(r.up, 5U);
+  EXPECT_GE(r.took, shortTimeouts().half_closed);
+  EXPECT_LT(r.took, shortTimeouts().idle);
+}
+
+TEST(RelayFlowTest, BackWithACloseFromOutsideEndsTheCoroutineToo) {
+  BackRelay r;
+  r.startBackWith();
+  std::thread peers([&] {
+    EXPECT_TRUE(writeAll(r.client.peer, "abc"));
+    char buf[3];
+    size_t n = 0;
+    while (n < sizeof buf) {
+      const ssize_t got = ::recv(r.server.peer, buf + n, sizeof buf - n, 0);
+      if (got <= 0) break;
+      n += static_cast<size_t>(got);
+    }
+    EXPECT_EQ(std::string(buf, n), "ABC");
+    asio::post(r.io, [&] {
+      asio::error_code ignored;
+      r.client.relay_end.close(ignored);
+      r.server.relay_end.close(ignored);
+    });
+    readAll(r.client.peer);
+  });
+  r.io.run();  // returns only once the coroutine, too, has ended
+  peers.join();
+  EXPECT_TRUE(r.done);
+  EXPECT_EQ(r.end, RelayEnd::kEnded);
+  EXPECT_EQ(r.up, 3U);
 }
 
 }  // namespace
