@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "compass-runner/elf_check.h"
+#include "compass-runner/exec_gate.h"
 #include "compass-runner/firewall.h"
 #include "compass-runner/image.h"
 #include "compass-runner/netns.h"
@@ -34,7 +35,6 @@
 #include "compass-runner/process.h"
 #include "compass-runner/sam_box_process.h"
 #include "compass-runner/state.h"
-#include "nano-init/gate.h"
 #include "vdns/virtual_dns.h"
 
 namespace runner {
@@ -72,23 +72,6 @@ auto step(const char* name, F&& f) {
   } catch (const std::exception& e) {
     throw RunnerError(std::string(name) + ": " + e.what());
   }
-}
-
-// The exec gate of egress `firewall` (nano-init's gate.h): `remote` becomes the container's fd
-// 3, `local` stays with the runner, which writes "armed" on it once egress is armed. Both are
-// close-on-exec, so no other child of the runner (ip, nft, conmon) holds `local`: if the runner
-// dies or fails to arm, the gate closes unopened and the agent is never executed.
-struct Gate {
-  common::UniqueFd local;
-  common::UniqueFd remote;
-};
-
-Gate makeGate() {
-  int fds[2] = {-1, -1};
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
-    throw RunnerError(std::string("socketpair: ") + std::strerror(errno));
-  }
-  return Gate{common::UniqueFd(fds[0]), common::UniqueFd(fds[1])};
 }
 
 class PodmanBackend final : public Backend {
@@ -158,7 +141,7 @@ class PodmanBackend final : public Backend {
     try {
       return startSteps(spec);
     } catch (...) {
-      gate_.local.reset();  // a gate not yet opened stays shut: the agent never runs
+      gate_.shut();  // a gate not yet opened stays shut: the agent never runs
       runUndos();
       throw;
     }
@@ -356,8 +339,8 @@ class PodmanBackend final : public Backend {
         }
       });
       dns = {a.host4, a.host6};
-      gate_ = step("exec gate", [] { return makeGate(); });
-      pass_fds.push_back(gate_.remote.get());
+      gate_ = step("exec gate", [] { return ExecGate::make(); });
+      pass_fds.push_back(gate_.remote());
       mounts = {{nano_init_bin, kSandboxNanoInit, true}};
       argv = {kSandboxNanoInit, "supervise", "--gate-fd", "3", "--"};
     }
@@ -386,11 +369,18 @@ class PodmanBackend final : public Backend {
       throw;
     }
     if (arming.valid()) {
-      // 6. Armed (or the start fails and the gate closes unopened: nano-init exits without
-      // starting the agent, and the undos remove the container). The gate is opened as soon as
-      // arm() returns, while podman is still starting the container: the line waits in the
-      // socket for nano-init, so the agent is executed the moment its container runs, not when
-      // the runner next looks.
+      // 6. The container's first process at its gate (nano-init says "ready", or podman's own
+      // failure is reported), then armed: only then is a failure, a stop or the runner's death
+      // sure to leave the agent unstarted and the container one podman knows (and removes).
+      // nano-init says it the moment it runs, so the gate opens without a poll's delay.
+      try {
+        step("exec gate", [&] { awaitAtGate(run.pidfile); });
+      } catch (...) {
+        awaitArming(arming);
+        throw;
+      }
+      // Armed (or the start fails and the gate closes unopened: nano-init exits without
+      // starting the agent, and the undos remove the container).
       egress_ = step("firewall", [&] { return arming.get(); });
       // A stop asked for while arming: the gate stays shut rather than start the agent only
       // to stop it.
@@ -398,9 +388,8 @@ class PodmanBackend final : public Backend {
         throw StoppedBeforeStart(sig);
       }
       step("exec gate", [&] {
-        if (!openGate()) {
-          awaitContainer(run.pidfile);  // podman's own failure, if it has one, is the one reported
-          throw RunnerError("the container's first process closed its exec gate before it opened");
+        if (!gate_.open()) {
+          throw RunnerError("the container's first process left its exec gate before it opened");
         }
       });
     }
@@ -421,16 +410,21 @@ class PodmanBackend final : public Backend {
     }
   }
 
-  // Writes the gate's line and closes the runner's end: nano-init executes the agent. False if
-  // the far end is gone (podman failed, or nano-init exited) before the line could be written.
-  bool openGate() {
-    ssize_t n = -1;
-    do {
-      n = ::send(gate_.local.get(), nanoinit::kGateOpen.data(), nanoinit::kGateOpen.size(),
-                 MSG_NOSIGNAL);
-    } while (n < 0 && errno == EINTR);
-    gate_.local.reset();
-    return n == static_cast<ssize_t>(nanoinit::kGateOpen.size());
+  // Until nano-init, the container's first process, says it waits at the gate. Throws
+  // podman's failure (awaitContainer()) if podman exits or the gate closes first.
+  void awaitAtGate(const std::string& pidfile) {
+    const common::UniqueFd podman_exit = pidFd(podman_pid_);
+    switch (gate_.awaitReady(podman_exit.get(), kContainerStartTimeout)) {
+      case ExecGate::Ready::kReady:
+        return;
+      case ExecGate::Ready::kTimedOut:
+        throw RunnerError("the container did not start within " +
+                          std::to_string(kContainerStartTimeout.count()) + " s");
+      case ExecGate::Ready::kLauncherExited:
+      case ExecGate::Ready::kClosed:
+        awaitContainer(pidfile);  // podman's own failure, if it had one, is the one reported
+        throw RunnerError("the container's first process did not reach its exec gate");
+    }
   }
 
   void spawnSamBox(const AgentSpec& spec, const std::string& bin, const std::string& socket) {
@@ -466,7 +460,7 @@ class PodmanBackend final : public Backend {
     // finds the gate closed and exits, and `gc` removes an exited container. Killed half-way
     // (between `runc create` and `runc start`), it would leave a runc container that podman no
     // longer knows and so `gc` cannot remove.
-    s.die_with_parent = gate_.remote.get() < 0;
+    s.die_with_parent = gate_.remote() < 0;
     {
       std::lock_guard lock(stop_mutex_);
       podman_pid_ = spawn(s);
@@ -483,7 +477,7 @@ class PodmanBackend final : public Backend {
     // The runner's copies of tun0 and of the gate's far end are not needed once podman holds
     // them; nano-init's are the ones.
     tun_.reset();
-    gate_.remote.reset();
+    gate_.releaseRemote();
   }
 
   // Until the container's first process runs (its pid, from `run.pidfile`), or podman exits
@@ -599,7 +593,7 @@ class PodmanBackend final : public Backend {
   std::string netns_;
   std::string metrics_addr_;
   common::UniqueFd tun_;
-  Gate gate_;  // egress firewall only
+  ExecGate gate_;  // egress firewall only
   SamBoxProcess sam_box_;
   std::unique_ptr<firewall::Egress> egress_;
   pid_t podman_pid_ = -1;

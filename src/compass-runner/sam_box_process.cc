@@ -170,11 +170,12 @@ void SamBoxProcess::waitReady(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   // Woken by the socket's creation in its directory (inotify) or by sam-box's exit (pidfd),
   // not by a timer: this wait is on the agent's path to exec. The watch is added before the
-  // first stat(), so a socket made in between is not missed.
+  // first stat(), so a socket made in between is not missed. Without inotify (the per-user
+  // limit of instances reached, or none at all) it polls every millisecond instead.
   const std::string dir = fs::path(socket_).parent_path().string();
   common::UniqueFd watch(::inotify_init1(IN_CLOEXEC | IN_NONBLOCK));
-  if (!watch.valid() || ::inotify_add_watch(watch.get(), dir.c_str(), IN_CREATE) < 0) {
-    throw RunnerError("inotify on " + dir + ": " + std::strerror(errno));
+  if (watch.valid() && ::inotify_add_watch(watch.get(), dir.c_str(), IN_CREATE | IN_MOVED_TO) < 0) {
+    watch.reset();
   }
   const common::UniqueFd exited = pidFd(pid_);
   while (true) {
@@ -200,12 +201,13 @@ void SamBoxProcess::waitReady(std::chrono::milliseconds timeout) {
                         std::to_string(timeout.count()) + " ms; the end of " + log_ + ":\n" +
                         tailOfFile(log_));
     }
-    std::array<pollfd, 2> fds{{{watch.get(), POLLIN, 0}, {exited.get(), POLLIN, 0}}};
-    if (::poll(fds.data(), fds.size(), static_cast<int>(left.count()) + 1) < 0 && errno != EINTR) {
+    std::array<pollfd, 2> fds{{{exited.get(), POLLIN, 0}, {watch.get(), POLLIN, 0}}};
+    const int wait_ms = watch.valid() ? static_cast<int>(left.count()) + 1 : 1;
+    if (::poll(fds.data(), watch.valid() ? 2 : 1, wait_ms) < 0 && errno != EINTR) {
       throw RunnerError(std::string("waiting for sam-box's socket: poll: ") + std::strerror(errno));
     }
     std::array<char, 4096> drain{};
-    while (::read(watch.get(), drain.data(), drain.size()) > 0) {
+    while (watch.valid() && ::read(watch.get(), drain.data(), drain.size()) > 0) {
     }
   }
 }

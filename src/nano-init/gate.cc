@@ -2,6 +2,7 @@
 #include "nano-init/gate.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,6 +16,11 @@ void awaitGate(int fd) {
   const std::string what = "egress gate (fd " + std::to_string(fd) + ")";
   if (fd < 3) throw StepError(what + ": must be 3 or above (0..2 are stdin, stdout, stderr)");
   if (::fcntl(fd, F_GETFD) < 0) throwErrno(what + ": fcntl(F_GETFD)");
+  ssize_t sent = -1;
+  do {
+    sent = ::send(fd, kGateReady.data(), kGateReady.size(), MSG_NOSIGNAL);
+  } while (sent < 0 && errno == EINTR);
+  // ENOTSOCK (a pipe), EPIPE or ECONNRESET (the launcher is gone): the read says what follows.
   std::string line;
   char c = 0;
   constexpr size_t kMax = 64;

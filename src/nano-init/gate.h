@@ -9,12 +9,19 @@ namespace nanoinit {
 
 /// What the launcher writes on the gate once egress is armed: exactly this line.
 inline constexpr std::string_view kGateOpen = "armed\n";
+/// What nano-init writes on the gate when it has reached it, if the gate is a stream socket
+/// (on a pipe, nothing): the sandbox's first process runs and waits. A launcher that waits for
+/// this line before it opens the gate knows that a stop, a failure or its own death until then
+/// leaves the agent unstarted (the podman tier does).
+inline constexpr std::string_view kGateReady = "ready\n";
 
-/// Blocks until the launcher writes kGateOpen on `fd` (a pipe or stream socket end), then
-/// closes `fd`, so the agent never inherits it. Reads at most 64 bytes, up to the first '\n';
-/// retries EINTR. Throws StepError("egress gate (fd N): <reason>") if `fd` is below 3 or not
-/// open, if the launcher closes it without writing the line (it failed to arm, or died), or if
-/// it writes anything else; the caller must not start the agent then.
+/// Writes kGateReady on `fd` if it is a stream socket (send(2) with MSG_NOSIGNAL; a peer that
+/// is gone is not an error here: the read below then finds the gate closed), then blocks until
+/// the launcher writes kGateOpen on `fd` (a pipe or stream socket end), then closes `fd`, so
+/// the agent never inherits it. Reads at most 64 bytes, up to the first '\n'; retries EINTR.
+/// Throws StepError("egress gate (fd N): <reason>") if `fd` is below 3 or not open, if the
+/// launcher closes it without writing the line (it failed to arm, or died), or if it writes
+/// anything else; the caller must not start the agent then.
 void awaitGate(int fd);
 
 }  // namespace nanoinit

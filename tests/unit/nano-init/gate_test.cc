@@ -1,8 +1,9 @@
-// The exec gate (src/nano-init/gate.h) over real pipes.
+// The exec gate (src/nano-init/gate.h) over real pipes and socketpairs.
 #include "nano-init/gate.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <string>
@@ -74,6 +75,32 @@ TEST(GateTest, AnythingButTheExactLineIsRefused) {
     EXPECT_NE(e.find("the agent was not started"), std::string::npos) << bad << ": " << e;
     p.r = -1;
   }
+}
+
+TEST(GateTest, OnASocketItSaysReadyBeforeItWaits) {
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+  const int launcher = fds[0];
+  std::thread gate([&] { EXPECT_NO_THROW(awaitGate(fds[1])); });
+  // The launcher hears "ready" while nano-init is blocked on the gate, and only then opens it.
+  std::string heard(kGateReady.size(), '\0');
+  ASSERT_EQ(::recv(launcher, heard.data(), heard.size(), MSG_WAITALL),
+            static_cast<ssize_t>(heard.size()));
+  EXPECT_EQ(heard, kGateReady);
+  ASSERT_EQ(::send(launcher, kGateOpen.data(), kGateOpen.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(kGateOpen.size()));
+  gate.join();
+  char c = 0;
+  EXPECT_EQ(::recv(launcher, &c, 1, 0), 0) << "the gate's end is closed once it opened";
+  ::close(launcher);
+}
+
+TEST(GateTest, ALauncherGoneBeforeReadyKeepsTheAgentBack) {
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+  ::close(fds[0]);  // the launcher died: "ready" has no reader, and no SIGPIPE may kill us
+  const std::string e = gateError(fds[1]);
+  EXPECT_NE(e.find("closed before egress was armed"), std::string::npos) << e;
 }
 
 TEST(GateTest, StdioOrAClosedDescriptorIsRefused) {

@@ -1,0 +1,64 @@
+// The runner's side of the exec gate (exec_gate.h).
+#include "compass-runner/exec_gate.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "compass-runner/backend.h"
+#include "nano-init/gate.h"
+
+namespace runner {
+
+ExecGate ExecGate::make() {
+  int fds[2] = {-1, -1};
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    throw RunnerError(std::string("socketpair: ") + std::strerror(errno));
+  }
+  return ExecGate(common::UniqueFd(fds[0]), common::UniqueFd(fds[1]));
+}
+
+ExecGate::Ready ExecGate::awaitReady(int launcher, std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + timeout;
+  std::string heard;
+  while (heard.size() < nanoinit::kGateReady.size()) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return Ready::kTimedOut;
+    std::array<pollfd, 2> fds{{{local_.get(), POLLIN, 0}, {launcher, POLLIN, 0}}};
+    if (::poll(fds.data(), fds.size(), static_cast<int>(left.count())) < 0) {
+      if (errno == EINTR) continue;
+      throw RunnerError(std::string("exec gate: poll: ") + std::strerror(errno));
+    }
+    if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) {
+      if (fds[1].revents != 0) return Ready::kLauncherExited;
+      continue;
+    }
+    std::array<char, 8> buf{};
+    const ssize_t n =
+        ::recv(local_.get(), buf.data(), nanoinit::kGateReady.size() - heard.size(), MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0 && errno != ECONNRESET) {
+      throw RunnerError(std::string("exec gate: recv: ") + std::strerror(errno));
+    }
+    if (n <= 0) return Ready::kClosed;
+    heard.append(buf.data(), static_cast<size_t>(n));
+  }
+  return heard == nanoinit::kGateReady ? Ready::kReady : Ready::kClosed;
+}
+
+bool ExecGate::open() noexcept {
+  ssize_t n = -1;
+  do {
+    n = ::send(local_.get(), nanoinit::kGateOpen.data(), nanoinit::kGateOpen.size(), MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  local_.reset();
+  return n == static_cast<ssize_t>(nanoinit::kGateOpen.size());
+}
+
+}  // namespace runner

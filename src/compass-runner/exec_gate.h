@@ -1,0 +1,60 @@
+#pragma once
+// The runner's side of nano-init's exec gate (src/nano-init/gate.h; seed 002: the agent is
+// executed only "after the exec gate opens", once its egress is armed). Used by the podman
+// tier's egress `firewall`: the container's first process is `nano-init supervise --gate-fd 3`,
+// and the runner opens the gate once the netns's ruleset is loaded and verified.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <utility>
+
+#include "common/unique_fd.h"
+
+namespace runner {
+
+/// A socketpair: remote() becomes the container's fd 3, the other end stays with the runner.
+/// Both ends are close-on-exec, so no other child of the runner (ip, nft, conmon) holds the
+/// runner's end: if the runner dies, or fails to arm and destroys this, the gate closes
+/// unopened and nano-init exits without starting the agent.
+class ExecGate {
+ public:
+  /// What awaitReady() saw.
+  enum class Ready {
+    kReady,           ///< nano-init said kGateReady: it runs and waits at the gate
+    kLauncherExited,  ///< `launcher` (podman) exited first
+    kClosed,          ///< the far end closed, or sent something other than kGateReady
+    kTimedOut,        ///< nothing within the timeout
+  };
+
+  /// No gate (egress `boundary`): remote() is -1, pending() false.
+  ExecGate() = default;
+  /// Makes the socketpair. Throws RunnerError if socketpair(2) fails.
+  static ExecGate make();
+
+  /// The end to pass to the container (as fd 3); -1 once released.
+  [[nodiscard]] int remote() const { return remote_.get(); }
+  /// Closes the runner's copy of the remote end (once the launcher holds its own).
+  void releaseRemote() { remote_.reset(); }
+  /// True from make() until open() or shut().
+  [[nodiscard]] bool pending() const { return local_.valid(); }
+
+  /// Waits until nano-init writes kGateReady on the gate, the process behind `launcher` (a
+  /// pidfd, pidfd_open(2)) exits, the gate closes, or `timeout` passes. Throws RunnerError if
+  /// poll(2) or recv(2) fails otherwise.
+  Ready awaitReady(int launcher, std::chrono::milliseconds timeout);
+  /// Writes kGateOpen and closes the runner's end: nano-init executes the agent. False if the
+  /// far end was gone before the line could be written. Never throws.
+  bool open() noexcept;
+  /// Closes the runner's end unopened: nano-init exits 70 without starting the agent.
+  void shut() noexcept { local_.reset(); }
+
+ private:
+  ExecGate(common::UniqueFd local, common::UniqueFd remote)
+      : local_(std::move(local)), remote_(std::move(remote)) {}
+
+  common::UniqueFd local_;
+  common::UniqueFd remote_;
+};
+
+}  // namespace runner
