@@ -72,6 +72,20 @@ std::string showCommand(const std::vector<std::string>& command) {
   return out;
 }
 
+uid_t ownerOf(const std::string& path);
+
+// For a caller who is not root: the podman and microvm tiers' records lie under root's 0700
+// state root, which readRecords() does not (cannot) look into. "" when there is none, or the
+// caller owns it.
+std::string unseenRootHint() {
+  if (::geteuid() == 0) return "";
+  const std::string root = stateRoot("podman");
+  const uid_t owner = ownerOf(root);
+  if (owner == static_cast<uid_t>(-1) || owner == ::geteuid()) return "";
+  return "; agents of the podman and microvm tiers are recorded under " + root + ", which " +
+         "belongs to uid " + std::to_string(owner) + ": run this as that user to see them";
+}
+
 // The live record with `id`, or nullopt after saying why there is none.
 std::optional<AgentRecord> findLive(std::string_view verb, const std::string& id) {
   for (auto& rec : readRecords()) {
@@ -82,7 +96,7 @@ std::optional<AgentRecord> findLive(std::string_view verb, const std::string& id
     return std::nullopt;
   }
   say(std::string(verb) + ": no live agent with id \"" + id +
-      "\" (`compass-runner agents` lists them)");
+      "\" (`compass-runner agents` lists them)" + unseenRootHint());
   return std::nullopt;
 }
 
@@ -304,6 +318,9 @@ int listAgents(const AgentsOptions& opts) {
     for (const auto& id : dead) ids += (ids.empty() ? "" : ", ") + id;
     say("agents: " + std::to_string(dead.size()) + " agent(s) whose runner is gone (" + ids +
         "); `compass-runner gc` removes what they left");
+  }
+  if (const std::string hint = unseenRootHint(); !hint.empty()) {
+    say("agents: only agents of uid " + std::to_string(::geteuid()) + " are listed" + hint);
   }
   return 0;
 }

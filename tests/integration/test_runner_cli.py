@@ -232,3 +232,29 @@ def test_agents_json_is_an_array_even_when_empty(tmp_path):
                                      "COMPASS_STATE_DIR": str(tmp_path / "none")})
     assert r.returncode == 0
     assert r.stdout.strip() == "[]"
+
+
+def test_a_user_who_cannot_see_roots_agents_is_told_so(tmp_nobody):  # noqa: F811
+    """The podman and microvm tiers record their agents under a root-owned 0700 directory: a
+    non-root `agents` or `stop` cannot look there, and must say so rather than show an empty
+    roster or "no live agent" as if that were the whole story."""
+    import shutil
+    import tempfile
+    root_state = pathlib.Path(tempfile.mkdtemp(prefix="compass-cli-state-", dir="/tmp"))
+    try:
+        _told_about(root_state, tmp_nobody)
+    finally:
+        shutil.rmtree(root_state)
+
+
+def _told_about(root_state, tmp_nobody):  # noqa: F811
+    env = {"TMPDIR": str(tmp_nobody), "COMPASS_STATE_DIR": str(root_state)}
+    r = cli("agents", env=env, as_nobody=True)
+    assert r.returncode == 0, r.stderr
+    assert f"recorded under {root_state}, which belongs to uid 0" in r.stderr, r.stderr
+    r = cli("stop", "a0123456789", env=env, as_nobody=True)
+    assert r.returncode == 1
+    assert '"a0123456789"' in r.stderr and "belongs to uid 0" in r.stderr, r.stderr
+    # Root sees everything: no such note.
+    r = cli("agents", env={"COMPASS_STATE_DIR": str(root_state)})
+    assert r.returncode == 0 and "belongs to uid" not in r.stderr, r.stderr
