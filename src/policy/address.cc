@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cstddef>
 #include <span>
 #include <system_error>
 #include <utility>
@@ -58,6 +59,50 @@ const std::vector<Range>& forbiddenRanges() {
     return ranges;
   }();
   return kRanges;
+}
+
+// The IPv4 addresses a packet to `v6` may end up at through a translator or tunnel that
+// isForbiddenAddress() judges but canonicalAddress() keeps as IPv6 (they are distinct,
+// routable IPv6 addresses): at most two, `count` of them.
+struct EmbeddedV4 {
+  std::array<asio::ip::address_v4, 2> addresses;
+  size_t count = 0;
+
+  void add(const asio::ip::address_v6::bytes_type& b, std::array<size_t, 4> at,
+           unsigned char flip = 0) {
+    addresses[count++] = asio::ip::make_address_v4(asio::ip::address_v4::bytes_type{
+        static_cast<unsigned char>(b[at[0]] ^ flip), static_cast<unsigned char>(b[at[1]] ^ flip),
+        static_cast<unsigned char>(b[at[2]] ^ flip), static_cast<unsigned char>(b[at[3]] ^ flip)});
+  }
+};
+
+EmbeddedV4 embeddedIpv4(const asio::ip::address_v6& v6) {
+  const auto b = v6.to_bytes();
+  EmbeddedV4 out;
+  if (b[0] == 0x20 && b[1] == 0x02) {
+    // 6to4, 2002:WWXX:YYZZ::/48 (RFC 3056 §2): the relay sends it to WW.XX.YY.ZZ.
+    out.add(b, {2, 3, 4, 5});
+  } else if (b[0] == 0x20 && b[1] == 0x01 && b[2] == 0x00 && b[3] == 0x00) {
+    // Teredo, 2001:0000::/32 (RFC 4380 §4): bits 32-63 are the server's IPv4 address, bits
+    // 96-127 the client's, every bit inverted. A relay sends the packet to the client's.
+    out.add(b, {4, 5, 6, 7});
+    out.add(b, {12, 13, 14, 15}, 0xff);
+  } else if (b[0] == 0x00 && b[1] == 0x64 && b[2] == 0xff && b[3] == 0x9b && b[4] == 0x00 &&
+             b[5] == 0x01) {
+    // Local-use NAT64 prefix 64:ff9b:1::/48 (RFC 8215), read with the /48 layout of RFC 6052
+    // §2.2: the IPv4 address in bits 48-63 and 72-87, around the "u" octet (bits 64-71,
+    // skipped whatever its value) and before the suffix (ignored, as translators do).
+    out.add(b, {6, 7, 9, 10});
+  }
+  // The NAT64 well-known prefix 64:ff9b::/96 (RFC 6052) needs no entry here:
+  // canonicalAddress() already reads it as its IPv4 address.
+  return out;
+}
+
+bool inForbiddenRange(const asio::ip::address& addr) {
+  const auto& ranges = forbiddenRanges();
+  return std::any_of(ranges.begin(), ranges.end(),
+                     [&](const Range& range) { return inPrefix(addr, range.network, range.len); });
 }
 
 }  // namespace
@@ -120,6 +165,15 @@ Cidr Cidr::parse(std::string_view text) {
   // canonical addresses, matches it. Shorter IPv6 prefixes stay IPv6 (fail closed).
   if (addr.is_v6() && len >= kV4InV6Offset) {
     const auto canonical = canonicalAddress(addr);
+    // 64:ff9b::/96 (NAT64) is unwrapped like ::ffff:0:0/96, but what it names is a translator's
+    // way to an IPv4 host, not that host on this machine's own routes: "64:ff9b::/96" would
+    // otherwise permit 0.0.0.0/0, 127.0.0.0/8 included. The operator spells the IPv4 prefix.
+    if (canonical.is_v4() && addr.to_v6().to_bytes()[0] == 0x00 &&
+        addr.to_v6().to_bytes()[1] == 0x64) {
+      throw CidrError(
+          "a NAT64 prefix (64:ff9b::/96) is checked as the IPv4 address it embeds: "
+          "write the IPv4 prefix instead");
+    }
     if (canonical.is_v4()) {
       cidr.network_ = canonical;
       cidr.prefix_len_ = len - kV4InV6Offset;
@@ -139,10 +193,11 @@ std::string Cidr::text() const { return network_.to_string() + "/" + std::to_str
 
 bool isForbiddenAddress(const asio::ip::address& addr) {
   const auto canonical = canonicalAddress(addr);
-  const auto& ranges = forbiddenRanges();
-  return std::any_of(ranges.begin(), ranges.end(), [&](const Range& range) {
-    return inPrefix(canonical, range.network, range.len);
-  });
+  if (inForbiddenRange(canonical)) return true;
+  if (!canonical.is_v6()) return false;
+  const auto embedded = embeddedIpv4(canonical.to_v6());
+  return std::any_of(embedded.addresses.begin(), embedded.addresses.begin() + embedded.count,
+                     [](const asio::ip::address_v4& v4) { return inForbiddenRange(v4); });
 }
 
 bool DestinationPolicy::permits(const asio::ip::address& addr) const {

@@ -36,14 +36,23 @@ class Cidr {
   unsigned prefix_len_ = 0;
 };
 
-/// Returns `addr` with IPv4-mapped (::ffff:a.b.c.d) and IPv4-compatible (::a.b.c.d, except
-/// :: and ::1) IPv6 forms unwrapped to IPv4, so no rule can be bypassed by re-spelling.
+/// Returns `addr` with IPv4-mapped (::ffff:a.b.c.d), IPv4-compatible (::a.b.c.d, except
+/// :: and ::1) and NAT64 well-known-prefix (64:ff9b::a.b.c.d, RFC 6052) IPv6 forms unwrapped
+/// to IPv4, so no rule can be bypassed by re-spelling. 6to4, Teredo and local-use NAT64
+/// addresses stay IPv6: they are distinct addresses (isForbiddenAddress() looks inside them).
 asio::ip::address canonicalAddress(const asio::ip::address& addr);
 
 /// True if `addr` (after canonicalAddress()) is in space no external flow may reach:
 /// IPv4 0.0.0.0/8, 127.0.0.0/8, 169.254.0.0/16, 224.0.0.0/4, 240.0.0.0/4 (incl.
 /// 255.255.255.255), 100.64.0.0/10 (the sandbox's synthetic range); IPv6 ::, ::1,
-/// fe80::/10, ff00::/8, 100::/64 (the sandbox's synthetic range).
+/// fe80::/10, ff00::/8, 100::/64 (the sandbox's synthetic range); and an IPv6 address that
+/// embeds an IPv4 address in that space which a relay or translator would send the packet on
+/// to: 6to4 2002:WWXX:YYZZ::/48 (RFC 3056; WW.XX.YY.ZZ), Teredo 2001:0::/32 (RFC 4380;
+/// forbidden if the server address, bits 32-63, or the client address, bits 96-127
+/// inverted, is), local-use NAT64 64:ff9b:1::/48 (RFC 8215, read with the /48 layout of
+/// RFC 6052 §2.2: bits 48-63 and 72-87; a network that carves a longer NAT64 prefix out of
+/// it, e.g. 64:ff9b:1::/96, must allow that prefix with --allow-destination, since its
+/// addresses read as 0.0.0.0 under the /48 layout).
 bool isForbiddenAddress(const asio::ip::address& addr);
 
 /// The operator's exceptions to isForbiddenAddress() (--allow-destination, repeatable).
@@ -52,7 +61,11 @@ class DestinationPolicy {
   void allow(const Cidr& cidr) { allowed_.push_back(cidr); }
   /// True if the flow may go to `addr`: not forbidden, or inside an allowed prefix.
   [[nodiscard]] bool permits(const asio::ip::address& addr) const;
-  /// True if `addr` is inside a prefix the operator allowed (--allow-destination).
+  /// True if `addr` is inside a prefix the operator allowed (--allow-destination), compared
+  /// as Cidr::contains() does: only the forms canonicalAddress() unwraps count as their IPv4
+  /// address. A prefix permits what it literally contains, so allowing 127.0.0.0/8 does not
+  /// permit 2002:7f00:1:: (6to4), a Teredo or a 64:ff9b:1::/48 form of it: such a form is
+  /// permitted only by allowing an IPv6 prefix that contains it (e.g. 2002:7f00::/24).
   [[nodiscard]] bool allowsExplicitly(const asio::ip::address& addr) const;
   [[nodiscard]] const std::vector<Cidr>& allowed() const { return allowed_; }
 

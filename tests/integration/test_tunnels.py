@@ -286,6 +286,19 @@ def test_resolve_cache_reuses_an_answer_for_its_ttl_only(sam_box, flip_name, ttl
     assert resp.status == 403 and resp.reason == "forbidden-address", resp
 
 
+@pytest.mark.parametrize("allow", [[], ["--allow-destination", "127.0.0.0/8"]])
+def test_6to4_form_of_loopback_is_refused(sam_box, flip_name, allow):
+    # 2002:7f00:1:: is 6to4 for 127.0.0.1 (RFC 3056): judged by the IPv4 address inside it,
+    # and an allowed IPv4 prefix does not reach into its 6to4 form.
+    flip_name("2002:7f00:1::")
+    b = sam_box(args=["--egress-allow", "flip.example.com", *allow])
+    mark = b.mark()
+    resp = b.refused("flip.example.com:80")
+    assert resp.status == 403 and resp.reason == "forbidden-address", resp
+    log = b.wait_flow_log(since=mark, outcome="denied")
+    assert log["reason"] == "forbidden-address" and log["address"] == "2002:7f00:1::", log
+
+
 class _MarkerHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
 
