@@ -12,11 +12,21 @@ so that drift on the machine hits every case alike:
 
 - bare:            `setpriv --reuid 65534 … date`       (fork/exec, the host tier's baseline)
 - host:            `setpriv --reuid 65534 … compass-runner run --backend host -- date`
-- podman-plain:    `podman run --rm IMAGE date`         (the podman tiers' baseline)
+- podman-plain:    `podman run --rm --network none IMAGE date` (the podman tiers' baseline: a
+                   container with no network at all, so the ratio counts every millisecond
+                   the tiers' egress set-up and user namespace add)
+- podman-isolated: `podman run --rm --network none` with the tiers' own isolation flags (the
+                   agent's user namespace --uidmap/--gidmap, --user 1000:1000, --cap-drop all,
+                   no-new-privileges, --pids-limit): what podman itself costs for the isolation
+                   the issue requires, so the ratio against it is what the runner adds; shown
+                   for context
+- podman-default:  `podman run --rm IMAGE date`         (podman's defaults: its bridge network
+                   with NAT, the container a networked one as the tiers' are; shown for context)
 - podman-boundary: `compass-runner run --backend podman --egress-allow x -- date`
 - podman-firewall: `compass-runner run --backend podman --egress firewall --egress-allow x -- date`
 
-Targets: host ≤ bare + 5 ms (median); each podman tier ≤ 1.1 × podman-plain (median). It
+Targets: host ≤ bare + 5 ms (median); each podman tier ≤ 1.1 × podman-plain (median). The
+ratios against podman-isolated and podman-default are printed beside it, not judged. It
 prints PASS/MISS and exits 0 either way; non-zero only if a case could not run at all. The
 results also go to bench/results/runner-<time>.json. Needs root (podman is rootful here),
 the local image (`compass-runner image build`) and a build in build/ (or --build DIR). No
@@ -98,6 +108,12 @@ def main():
         "host": (NOBODY + [str(runner), "run", "--backend", "host", "--"] + date, env_host),
         "podman-plain": (["podman", "run", "--rm", "--network", "none", IMAGE] + date,
                          env_plain),
+        "podman-isolated": (["podman", "run", "--rm", "--network", "none", "--uidmap",
+                             "0:1879048192:65536", "--gidmap", "0:1879048192:65536", "--user",
+                             "1000:1000", "--cap-drop", "all", "--security-opt",
+                             "no-new-privileges", "--pids-limit", "2048", IMAGE] + date,
+                            env_plain),
+        "podman-default": (["podman", "run", "--rm", IMAGE] + date, env_plain),
         "podman-boundary": ([str(runner), "run", "--backend", "podman", "--egress-allow",
                              "bench.invalid", "--"] + date, env_podman),
         "podman-firewall": ([str(runner), "run", "--backend", "podman", "--egress",
@@ -118,6 +134,14 @@ def main():
         "host_extra_ms": round(med["host"] - med["bare"], 2),
         "podman_boundary_ratio": round(med["podman-boundary"] / med["podman-plain"], 3),
         "podman_firewall_ratio": round(med["podman-firewall"] / med["podman-plain"], 3),
+        "podman_boundary_ratio_to_isolated": round(
+            med["podman-boundary"] / med["podman-isolated"], 3),
+        "podman_firewall_ratio_to_isolated": round(
+            med["podman-firewall"] / med["podman-isolated"], 3),
+        "podman_boundary_ratio_to_default": round(
+            med["podman-boundary"] / med["podman-default"], 3),
+        "podman_firewall_ratio_to_default": round(
+            med["podman-firewall"] / med["podman-default"], 3),
     }
     print(f"{'case':18} {'exec p50 ms':>12} {'exec p90 ms':>12} {'to exit p50 ms':>15}")
     for name, r in res.items():
@@ -131,14 +155,17 @@ def main():
           f"+{TARGET_HOST_EXTRA_MS} ms): {verdict(verdicts['host_extra_ms'] <= TARGET_HOST_EXTRA_MS)}")
     for mode in ("boundary", "firewall"):
         ratio = verdicts[f"podman_{mode}_ratio"]
-        print(f"podman tier, egress {mode}: {ratio}× plain podman run (target ≤ "
-              f"{TARGET_PODMAN_RATIO}×): {verdict(ratio <= TARGET_PODMAN_RATIO)}")
+        print(f"podman tier, egress {mode}: {ratio}× plain podman run --network none (target ≤ "
+              f"{TARGET_PODMAN_RATIO}×): {verdict(ratio <= TARGET_PODMAN_RATIO)}; "
+              f"{verdicts[f'podman_{mode}_ratio_to_isolated']}× podman run with the same "
+              f"isolation flags; {verdicts[f'podman_{mode}_ratio_to_default']}× podman run "
+              f"with its default network")
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = RESULTS / f"runner-{stamp}.json"
-    out.write_text(json.dumps({"rounds": rounds, "cases": res, "verdicts": verdicts},
-                              indent=2) + "\n")
+    out.write_text(json.dumps({"rounds": rounds, "loadavg": os.getloadavg(), "cases": res,
+                               "verdicts": verdicts}, indent=2) + "\n")
     print(f"results: {out}")
     subprocess.run(["rm", "-rf", host_tmp], check=False)
 
