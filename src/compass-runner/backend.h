@@ -25,6 +25,15 @@ class RunnerError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// `step`: `what`, the message of a failure in a tier's start step `step` (e.g. "netns"), said
+/// once: a `what` that already begins with "<step>: " is returned as it is, so the operator
+/// reads "netns: create …", not "netns: netns: create …".
+inline std::string stepMessage(std::string_view step, std::string_view what) {
+  const std::string prefix = std::string(step) + ": ";
+  if (what.substr(0, prefix.size()) == prefix) return std::string(what);
+  return prefix + std::string(what);
+}
+
 /// A refusal of the request itself (like validate()'s) that a tier can only see once it is
 /// starting: e.g. podman's `run --pull never` finding no such image, which the podman tier
 /// asks podman run itself rather than spending a second podman process on every start. The

@@ -47,7 +47,7 @@ auto step(const char* name, F&& f) {
   } catch (const SpecRefused&) {
     throw;
   } catch (const std::exception& e) {
-    throw RunnerError(std::string(name) + ": " + e.what());
+    throw RunnerError(stepMessage(name, e.what()));
   }
 }
 

@@ -68,9 +68,9 @@ auto step(const char* name, F&& f) {
   } catch (const SpecRefused&) {
     throw;  // a refusal of the request, worded for the operator already
   } catch (const RunnerError& e) {
-    throw RunnerError(std::string(name) + ": " + e.what());
+    throw RunnerError(stepMessage(name, e.what()));
   } catch (const std::exception& e) {
-    throw RunnerError(std::string(name) + ": " + e.what());
+    throw RunnerError(stepMessage(name, e.what()));
   }
 }
 

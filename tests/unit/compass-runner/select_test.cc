@@ -79,5 +79,13 @@ TEST(PostureTest, Names) {
   EXPECT_EQ(postureName(Posture::kUnenforced), "unenforced");
 }
 
+TEST(StepMessage, NamesTheStepOnce) {
+  EXPECT_EQ(stepMessage("netns", "create x: EEXIST"), "netns: create x: EEXIST");
+  EXPECT_EQ(stepMessage("netns", "netns: create x: EEXIST"), "netns: create x: EEXIST");
+  EXPECT_EQ(stepMessage("tun0", "netns: tun0: ioctl"), "tun0: netns: tun0: ioctl");
+  EXPECT_EQ(stepMessage("sam-box", "sam-boxes"), "sam-box: sam-boxes");
+  EXPECT_EQ(stepMessage("x", ""), "x: ");
+}
+
 }  // namespace
 }  // namespace runner
