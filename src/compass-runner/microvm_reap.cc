@@ -92,7 +92,7 @@ void reapAgent(const std::string& id, const std::string& state_dir, int sam_box_
     if (sam_box_pid > 0 && isSamBoxFor(sam_box_pid, socket)) killSamBox(sam_box_pid);
     for (const auto& [pid, sock] : samBoxesUnder(state_dir)) killSamBox(pid);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "compass-runner: gc: microvm agent %s: %s\n", id.c_str(), e.what());
+    (void)std::fprintf(stderr, "compass-runner: gc: microvm agent %s: %s\n", id.c_str(), e.what());
   }
 }
 
@@ -119,7 +119,7 @@ void reapOrphanGuests(const std::string& root, const std::vector<std::string>& l
     if (orphan(id)) dead.insert(id);
   }
   for (const auto& id : dead) {
-    const std::string dir = root + "/" + id;
+    const std::string dir = std::string(root).append("/").append(id);
     reapAgent(id, dir, -1);
     std::error_code ec;
     if (!fs::exists(dir + "/agent.json", ec) && fs::exists(dir + "/" + kPidFile, ec)) {

@@ -57,7 +57,8 @@ void reapOrphanAgents(const std::string& conf, const std::vector<std::string>& l
     const std::string id = dir.substr(dir.rfind('/') + 1);
     if (orphan(id)) killSamBox(pid);
   }
-  for (const auto& id : dead) reapAgent(conf, id, "", "", -1, root + "/" + id);
+  for (const auto& id : dead)
+    reapAgent(conf, id, "", "", -1, std::string(root).append("/").append(id));
 }
 
 }  // namespace runner::podman

@@ -28,7 +28,9 @@ namespace {
 constexpr size_t kMaxMetricsBytes = size_t{4} << 20;
 constexpr auto kStopPoll = std::chrono::milliseconds(50);
 
-void say(const std::string& line) { std::fprintf(stderr, "compass-runner: %s\n", line.c_str()); }
+void say(const std::string& line) {
+  (void)std::fprintf(stderr, "compass-runner: %s\n", line.c_str());
+}
 
 int64_t nowUnixMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -225,16 +227,16 @@ std::string formatUptime(int64_t s) {
   if (s < 0) s = 0;
   char buf[32];
   if (s < 60) {
-    std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(s));
+    (void)std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(s));
   } else if (s < 3600) {
-    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(s / 60),
-                  static_cast<long long>(s % 60));
+    (void)std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(s / 60),
+                        static_cast<long long>(s % 60));
   } else if (s < 86400) {
-    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(s / 3600),
-                  static_cast<long long>(s % 3600 / 60));
+    (void)std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(s / 3600),
+                        static_cast<long long>(s % 3600 / 60));
   } else {
-    std::snprintf(buf, sizeof buf, "%lldd%02lldh", static_cast<long long>(s / 86400),
-                  static_cast<long long>(s % 86400 / 3600));
+    (void)std::snprintf(buf, sizeof buf, "%lldd%02lldh", static_cast<long long>(s / 86400),
+                        static_cast<long long>(s % 86400 / 3600));
   }
   return buf;
 }
@@ -306,7 +308,7 @@ std::vector<RosterEntry> liveAgents() {
 int listAgents(const AgentsOptions& opts) {
   const auto entries = liveAgents();
   const std::string text = opts.json ? formatJson(entries) : formatTable(entries);
-  std::fputs(text.c_str(), stdout);
+  (void)std::fputs(text.c_str(), stdout);
   // A killed runner's agent is not listed (it has no runner to answer for it), but what it
   // left may still run: say so, on stderr, so that the table alone is never the whole story.
   std::vector<std::string> dead;
@@ -355,7 +357,7 @@ int stopAgent(const StopOptions& opts) {
         "; `compass-runner gc` removes it");
     return 1;
   }
-  std::fprintf(stderr, "compass-runner: stopped agent %s\n", opts.id.c_str());
+  (void)std::fprintf(stderr, "compass-runner: stopped agent %s\n", opts.id.c_str());
   return 0;
 }
 
@@ -368,7 +370,7 @@ int resizeAgent(const ResizeOptions& opts) {
     say("resize: agent " + opts.id + " (tier " + rec->tier + "): " + e.what());
     return 1;
   }
-  std::fprintf(stderr, "compass-runner: resized agent %s\n", opts.id.c_str());
+  (void)std::fprintf(stderr, "compass-runner: resized agent %s\n", opts.id.c_str());
   return 0;
 }
 
@@ -421,7 +423,7 @@ int collectGarbage() {
       ++failures;
     }
   }
-  std::fflush(stdout);
+  (void)std::fflush(stdout);
   return failures == 0 ? 0 : 1;
 }
 
