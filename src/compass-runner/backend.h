@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -43,6 +44,39 @@ class SpecRefused : public RunnerError {
  public:
   using RunnerError::RunnerError;
 };
+
+/// Says `text` on stderr as "compass-runner: <text>": something the operator should know that
+/// does not stop what is being done (an undo that failed, a leftover gc could not remove).
+inline void note(const std::string& text) {
+  (void)std::fprintf(stderr, "compass-runner: %s\n", text.c_str());
+}
+
+/// Runs the undos a failed start registered, newest first, then forgets them. An undo that
+/// throws is said (note()) and the rest still run.
+inline void undoNewestFirst(std::vector<std::function<void()>>& undos) noexcept {
+  for (size_t i = undos.size(); i-- > 0;) {
+    try {
+      undos[i]();
+    } catch (const std::exception& e) {
+      note(std::string("undo after a failed start: ") + e.what());
+    }
+  }
+  undos.clear();
+}
+
+/// Runs `f`, the step `name` of a tier's start, and returns what it returns. A SpecRefused
+/// passes as it is (a refusal of the request, worded for the operator already); any other
+/// failure becomes RunnerError(stepMessage(name, what)).
+template <typename F>
+auto step(const char* name, F&& f) {
+  try {
+    return f();
+  } catch (const SpecRefused&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw RunnerError(stepMessage(name, e.what()));
+  }
+}
 
 /// start() saw, before the agent was executed, that the runner had been asked to stop
 /// (AgentSpec::stop_signal): what it made is undone and the agent never ran. `signal()` is the

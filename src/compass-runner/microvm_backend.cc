@@ -10,7 +10,6 @@
 
 #include <atomic>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -37,19 +36,6 @@
 namespace runner {
 namespace microvm {
 namespace {
-
-void note(const std::string& text) { std::fprintf(stderr, "compass-runner: %s\n", text.c_str()); }
-
-template <typename F>
-auto step(const char* name, F&& f) {
-  try {
-    return f();
-  } catch (const SpecRefused&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw RunnerError(stepMessage(name, e.what()));
-  }
-}
 
 Accel accelOf(const AgentSpec& spec) {
   const auto a = parseAccel(spec.accel);
@@ -478,14 +464,7 @@ class MicrovmBackend final : public Backend {
 
   void runUndos() noexcept {
     if (guest_ruleset_) guest_ruleset_->close();  // no forwarder thread waits on a dead guest
-    for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) {
-      try {
-        (*it)();
-      } catch (const std::exception& e) {
-        note(std::string("undo after a failed start: ") + e.what());
-      }
-    }
-    undo_.clear();
+    undoNewestFirst(undo_);
   }
 
   // Marks the guest as not running (stop() then does nothing) and kills and reaps QEMU.

@@ -12,7 +12,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -55,24 +54,6 @@ std::string findNanoInit() {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-void note(const std::string& text) {
-  (void)std::fprintf(stderr, "compass-runner: %s\n", text.c_str());
-}
-
-// Runs `f`; a failure becomes RunnerError("<step>: <reason>").
-template <typename F>
-auto step(const char* name, F&& f) {
-  try {
-    return f();
-  } catch (const SpecRefused&) {
-    throw;  // a refusal of the request, worded for the operator already
-  } catch (const RunnerError& e) {
-    throw RunnerError(stepMessage(name, e.what()));
-  } catch (const std::exception& e) {
-    throw RunnerError(stepMessage(name, e.what()));
-  }
-}
 
 class PodmanBackend final : public Backend {
  public:
@@ -364,21 +345,16 @@ class PodmanBackend final : public Backend {
     run.argv = argv;
     try {
       step("podman run", [&] { spawnContainer(run, pass_fds); });
+      // 6. The container's first process at its gate (nano-init says "ready", or podman's own
+      // failure is reported), then armed: only then is a failure, a stop or the runner's death
+      // sure to leave the agent unstarted and the container one podman knows (and removes).
+      // nano-init says it the moment it runs, so the gate opens without a poll's delay.
+      if (arming.valid()) step("exec gate", [&] { awaitAtGate(run.pidfile); });
     } catch (...) {
       if (arming.valid()) awaitArming(arming);
       throw;
     }
     if (arming.valid()) {
-      // 6. The container's first process at its gate (nano-init says "ready", or podman's own
-      // failure is reported), then armed: only then is a failure, a stop or the runner's death
-      // sure to leave the agent unstarted and the container one podman knows (and removes).
-      // nano-init says it the moment it runs, so the gate opens without a poll's delay.
-      try {
-        step("exec gate", [&] { awaitAtGate(run.pidfile); });
-      } catch (...) {
-        awaitArming(arming);
-        throw;
-      }
       // Armed (or the start fails and the gate closes unopened: nano-init exits without
       // starting the agent, and the undos remove the container).
       egress_ = step("firewall", [&] { return arming.get(); });
@@ -539,16 +515,7 @@ class PodmanBackend final : public Backend {
     return -1;
   }
 
-  void runUndos() noexcept {
-    for (size_t i = undo_.size(); i-- > 0;) {  // newest first
-      try {
-        undo_[i]();
-      } catch (const std::exception& e) {
-        note(std::string("undo after a failed start: ") + e.what());
-      }
-    }
-    undo_.clear();
-  }
+  void runUndos() noexcept { undoNewestFirst(undo_); }
 
   // After the agent: container, boundary, firewall, netns, ids; each checked, so a leftover
   // is reported (gc removes it) instead of silently kept.

@@ -1,9 +1,9 @@
 // gc for the podman tier (podman_reap.h).
 #include "compass-runner/podman_reap.h"
 
-#include <cstdio>
 #include <set>
 
+#include "compass-runner/backend.h"
 #include "compass-runner/firewall.h"
 #include "compass-runner/netns.h"
 #include "compass-runner/podman_backend.h"
@@ -14,13 +14,6 @@
 #include "compass-runner/state.h"
 
 namespace runner::podman {
-namespace {
-
-void note(const std::string& text) {
-  (void)std::fprintf(stderr, "compass-runner: %s\n", text.c_str());
-}
-
-}  // namespace
 
 void reapAgent(const std::string& conf, const std::string& id, std::string container,
                std::string ns, pid_t sam_box_pid, const std::string& state_dir) {

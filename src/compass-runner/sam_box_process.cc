@@ -185,9 +185,7 @@ void SamBoxProcess::waitReady(std::chrono::milliseconds timeout) {
     }
     struct stat st {};
     if (::stat(socket_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return;
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() < 0) {
+    if (Clock::now() > deadline) {
       stop();
       throw RunnerError("sam-box did not create " + socket_ + " within " +
                         std::to_string(timeout.count()) + " ms; the end of " + log_ + ":\n" +
