@@ -93,8 +93,14 @@ namespace relay_detail {
 /// What the directions of one relay share: the ops in flight, how it ends, and the timer its
 /// coroutine sleeps on (cancelled to wake it once the relay is over).
 struct Shared {
-  Shared(asio::steady_timer& t, std::function<void()> close)
-      : timer(t), close_both(std::move(close)) {}
+  /// `a` and `b` are the relay's two sockets: close() closes both.
+  template <typename A, typename B>
+  Shared(asio::steady_timer& t, A& a, B& b)
+      : timer(t), close_both([&a, &b] {
+          asio::error_code ignored;
+          a.close(ignored);
+          b.close(ignored);
+        }) {}
   asio::steady_timer& timer;
   std::function<void()> close_both;
   int pending = 0;      ///< ops in flight; their handlers refer to this frame
@@ -284,11 +290,7 @@ template <typename A, typename B>
 asio::awaitable<RelayEnd> spliceBothWays(A& a, B& b, uint64_t& a_to_b, uint64_t& b_to_a,
                                          PipePool& pool, TcpTimeouts timeouts = {}) {
   asio::steady_timer timer(co_await asio::this_coro::executor);
-  relay_detail::Shared shared(timer, [&a, &b] {
-    asio::error_code ignored;
-    a.close(ignored);
-    b.close(ignored);
-  });
+  relay_detail::Shared shared(timer, a, b);
   relay_detail::Direction<A, B> forward(a, b, a_to_b, pool, shared);
   relay_detail::Direction<B, A> backward(b, a, b_to_a, pool, shared);
   forward.start();
@@ -307,11 +309,7 @@ asio::awaitable<RelayEnd> spliceBackWith(asio::awaitable<void> forward, A& a, B&
                                          TcpTimeouts timeouts = {}) {
   const auto executor = co_await asio::this_coro::executor;
   asio::steady_timer timer(executor);
-  relay_detail::Shared shared(timer, [&a, &b] {
-    asio::error_code ignored;
-    a.close(ignored);
-    b.close(ignored);
-  });
+  relay_detail::Shared shared(timer, a, b);
   relay_detail::Direction<B, A> backward(b, a, b_to_a, pool, shared);
   // `forward` counts as one op in flight until it returns: the relay's frame outlives it.
   ++shared.pending;

@@ -87,18 +87,63 @@ struct Relay {
   std::chrono::steady_clock::duration took{};
 
   void start(TcpTimeouts timeouts = {}) {
+    spawn(spliceBothWays(client.relay_end, server.relay_end, up, down, pool, timeouts));
+  }
+
+  /// Runs `relay` on io, recording how and when it ended.
+  void spawn(asio::awaitable<RelayEnd> relay) {
     asio::co_spawn(
         io,
-        [this, timeouts]() -> asio::awaitable<void> {
+        [this, relay = std::move(relay)]() mutable -> asio::awaitable<void> {
           const auto started = std::chrono::steady_clock::now();
-          end =
-              co_await spliceBothWays(client.relay_end, server.relay_end, up, down, pool, timeouts);
+          end = co_await std::move(relay);
           took = std::chrono::steady_clock::now() - started;
           done = true;
         },
         asio::detached);
   }
 };
+
+/// The agent sends `request` and half-closes; the upstream never reads nor answers. Runs the
+/// relay to its end and returns what the agent received (EOF once the relay gives up).
+std::string halfCloseToASilentUpstream(Relay& r, const std::string& request) {
+  std::string got;
+  std::thread agent([&] {
+    EXPECT_TRUE(writeAll(r.client.peer, request));
+    ::shutdown(r.client.peer, SHUT_WR);
+    got = readAll(r.client.peer);
+  });
+  r.io.run();
+  agent.join();
+  return got;
+}
+
+/// What a stopping boundary does to an open flow: once the server has received 3 bytes of
+/// "abc", both of the relay's sockets are closed from outside. Runs the relay to its end
+/// (io.run() returns only once every part of it has) and returns what the server received.
+std::string closeFromOutsideAfterThreeBytes(Relay& r) {
+  std::string received;
+  std::thread peers([&] {
+    EXPECT_TRUE(writeAll(r.client.peer, "abc"));
+    char buf[3];
+    size_t n = 0;
+    while (n < sizeof buf) {
+      const ssize_t got = ::recv(r.server.peer, buf + n, sizeof buf - n, 0);
+      if (got <= 0) break;
+      n += static_cast<size_t>(got);
+    }
+    received.assign(buf, n);
+    asio::post(r.io, [&] {
+      asio::error_code ignored;
+      r.client.relay_end.close(ignored);
+      r.server.relay_end.close(ignored);
+    });
+    readAll(r.client.peer);
+  });
+  r.io.run();
+  peers.join();
+  return received;
+}
 
 std::string pattern(size_t n) {
   std::string s(n, '\0');
@@ -202,14 +247,7 @@ TEST(RelayFlowTest, HalfClosedFlowWhoseUpstreamNeverAnswersIsClosed) {
   // is closed once the half-closed timeout passes, not after the idle timeout.
   Relay r;
   r.start(shortTimeouts());
-  std::string got;
-  std::thread agent([&] {
-    EXPECT_TRUE(writeAll(r.client.peer, "request"));
-    ::shutdown(r.client.peer, SHUT_WR);
-    got = readAll(r.client.peer);  // EOF once the relay gives up
-  });
-  r.io.run();
-  agent.join();
+  const std::string got = halfCloseToASilentUpstream(r, "request");
   EXPECT_TRUE(r.done);
   EXPECT_EQ(r.end, RelayEnd::kHalfClosed);
   EXPECT_EQ(got, "");
@@ -259,25 +297,7 @@ TEST(RelayFlowTest, ACloseFromOutsideEndsTheRelayAndKeepsItsCount) {
   // once (default timeouts: nothing else could end it), with the bytes it moved.
   Relay r;
   r.start();
-  std::thread peers([&] {
-    EXPECT_TRUE(writeAll(r.client.peer, "abc"));
-    char buf[3];
-    size_t n = 0;
-    while (n < sizeof buf) {
-      const ssize_t got = ::recv(r.server.peer, buf + n, sizeof buf - n, 0);
-      if (got <= 0) break;
-      n += static_cast<size_t>(got);
-    }
-    EXPECT_EQ(n, 3U);
-    asio::post(r.io, [&] {
-      asio::error_code ignored;
-      r.client.relay_end.close(ignored);
-      r.server.relay_end.close(ignored);
-    });
-    readAll(r.client.peer);
-  });
-  r.io.run();
-  peers.join();
+  EXPECT_EQ(closeFromOutsideAfterThreeBytes(r), "abc");
   EXPECT_TRUE(r.done);
   EXPECT_EQ(r.end, RelayEnd::kEnded);
   EXPECT_EQ(r.up, 3U);
@@ -287,38 +307,32 @@ TEST(RelayFlowTest, ACloseFromOutsideEndsTheRelayAndKeepsItsCount) {
 // spliceBackWith(): client → server by a coroutine of the test's (upper-casing, as the mesh
 // route rewrites), server → client spliced.
 
+/// The client → server direction of a BackRelay: upper-cases what it forwards, fails on '!'.
+asio::awaitable<void> upperCase(Relay& r) {
+  std::array<char, 4096> buf{};
+  for (;;) {
+    asio::error_code ec;
+    const size_t n = co_await r.client.relay_end.async_read_some(
+        asio::buffer(buf), asio::redirect_error(asio::use_awaitable, ec));
+    if (ec == asio::error::eof) {
+      r.server.relay_end.shutdown(asio::socket_base::shutdown_send, ec);
+      co_return;
+    }
+    if (ec) throw asio::system_error(ec);
+    for (size_t i = 0; i < n; ++i) {
+      if (buf[i] == '!') throw asio::system_error(asio::error::invalid_argument);
+      buf[i] = static_cast<char>(std::toupper(static_cast<unsigned char>(buf[i])));
+    }
+    co_await asio::async_write(r.server.relay_end, asio::buffer(buf.data(), n),
+                               asio::use_awaitable);
+    r.up += n;
+  }
+}
+
 struct BackRelay : Relay {
   void startBackWith(TcpTimeouts timeouts = {}) {
-    asio::co_spawn(
-        io,
-        [this, timeouts]() -> asio::awaitable<void> {
-          auto upper = [this]() -> asio::awaitable<void> {
-            std::array<char, 4096> buf{};
-            for (;;) {
-              asio::error_code ec;
-              const size_t n = co_await client.relay_end.async_read_some(
-                  asio::buffer(buf), asio::redirect_error(asio::use_awaitable, ec));
-              if (ec == asio::error::eof) {
-                server.relay_end.shutdown(asio::socket_base::shutdown_send, ec);
-                co_return;
-              }
-              if (ec) throw asio::system_error(ec);
-              for (size_t i = 0; i < n; ++i) {
-                if (buf[i] == '!') throw asio::system_error(asio::error::invalid_argument);
-                buf[i] = static_cast<char>(std::toupper(static_cast<unsigned char>(buf[i])));
-              }
-              co_await asio::async_write(server.relay_end, asio::buffer(buf.data(), n),
-                                         asio::use_awaitable);
-              up += n;
-            }
-          };
-          const auto started = std::chrono::steady_clock::now();
-          end = co_await spliceBackWith(upper(), client.relay_end, server.relay_end, up, down, pool,
-                                        timeouts);
-          took = std::chrono::steady_clock::now() - started;
-          done = true;
-        },
-        asio::detached);
+    spawn(spliceBackWith(upperCase(*this), client.relay_end, server.relay_end, up, down, pool,
+                         timeouts));
   }
 };
 
@@ -366,14 +380,7 @@ TEST(RelayFlowTest, BackWithHalfClosedWhileTheServerNeverAnswersIsClosed) {
   // it nor answers.
   BackRelay r;
   r.startBackWith(shortTimeouts());
-  std::string got;
-  std::thread agent([&] {
-    EXPECT_TRUE(writeAll(r.client.peer, "get /"));
-    ::shutdown(r.client.peer, SHUT_WR);
-    got = readAll(r.client.peer);
-  });
-  r.io.run();
-  agent.join();
+  const std::string got = halfCloseToASilentUpstream(r, "get /");
   EXPECT_TRUE(r.done);
   EXPECT_EQ(r.end, RelayEnd::kHalfClosed);
   EXPECT_EQ(got, "");
@@ -385,25 +392,8 @@ TEST(RelayFlowTest, BackWithHalfClosedWhileTheServerNeverAnswersIsClosed) {
 TEST(RelayFlowTest, BackWithACloseFromOutsideEndsTheCoroutineToo) {
   BackRelay r;
   r.startBackWith();
-  std::thread peers([&] {
-    EXPECT_TRUE(writeAll(r.client.peer, "abc"));
-    char buf[3];
-    size_t n = 0;
-    while (n < sizeof buf) {
-      const ssize_t got = ::recv(r.server.peer, buf + n, sizeof buf - n, 0);
-      if (got <= 0) break;
-      n += static_cast<size_t>(got);
-    }
-    EXPECT_EQ(std::string(buf, n), "ABC");
-    asio::post(r.io, [&] {
-      asio::error_code ignored;
-      r.client.relay_end.close(ignored);
-      r.server.relay_end.close(ignored);
-    });
-    readAll(r.client.peer);
-  });
-  r.io.run();  // returns only once the coroutine, too, has ended
-  peers.join();
+  // Returns only once the coroutine, too, has ended.
+  EXPECT_EQ(closeFromOutsideAfterThreeBytes(r), "ABC");
   EXPECT_TRUE(r.done);
   EXPECT_EQ(r.end, RelayEnd::kEnded);
   EXPECT_EQ(r.up, 3U);
