@@ -165,16 +165,16 @@ Cidr Cidr::parse(std::string_view text) {
   // canonical addresses, matches it. Shorter IPv6 prefixes stay IPv6 (fail closed).
   if (addr.is_v6() && len >= kV4InV6Offset) {
     const auto canonical = canonicalAddress(addr);
-    // 64:ff9b::/96 (NAT64) is unwrapped like ::ffff:0:0/96, but what it names is a translator's
-    // way to an IPv4 host, not that host on this machine's own routes: "64:ff9b::/96" would
-    // otherwise permit 0.0.0.0/0, 127.0.0.0/8 included. The operator spells the IPv4 prefix.
-    if (canonical.is_v4() && addr.to_v6().to_bytes()[0] == 0x00 &&
-        addr.to_v6().to_bytes()[1] == 0x64) {
-      throw CidrError(
-          "a NAT64 prefix (64:ff9b::/96) is checked as the IPv4 address it embeds: "
-          "write the IPv4 prefix instead");
-    }
     if (canonical.is_v4()) {
+      // 64:ff9b::/96 (NAT64) is unwrapped like ::ffff:0:0/96, but what it names is a
+      // translator's way to an IPv4 host, not that host on this machine's own routes:
+      // "64:ff9b::/96" would otherwise permit 0.0.0.0/0, 127.0.0.0/8 included. The operator
+      // spells the IPv4 prefix.
+      if (const auto bytes = addr.to_v6().to_bytes(); bytes[0] == 0x00 && bytes[1] == 0x64) {
+        throw CidrError(
+            "a NAT64 prefix (64:ff9b::/96) is checked as the IPv4 address it embeds: "
+            "write the IPv4 prefix instead");
+      }
       cidr.network_ = canonical;
       cidr.prefix_len_ = len - kV4InV6Offset;
     }
