@@ -3,6 +3,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <array>
 #include <cerrno>
@@ -52,13 +53,28 @@ ExecGate::Ready ExecGate::awaitReady(int launcher, std::chrono::milliseconds tim
   return heard == nanoinit::kGateReady ? Ready::kReady : Ready::kClosed;
 }
 
-bool ExecGate::open() noexcept {
+bool ExecGate::open(int passed_fd) noexcept {
+  std::string line(nanoinit::kGateOpen);
+  iovec iov{line.data(), line.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int))> control{};
+  if (passed_fd >= 0) {
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    cmsghdr* h = CMSG_FIRSTHDR(&msg);
+    h->cmsg_level = SOL_SOCKET;
+    h->cmsg_type = SCM_RIGHTS;
+    h->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(h), &passed_fd, sizeof(int));
+  }
   ssize_t n = -1;
   do {
-    n = ::send(local_.get(), nanoinit::kGateOpen.data(), nanoinit::kGateOpen.size(), MSG_NOSIGNAL);
+    n = ::sendmsg(local_.get(), &msg, MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
   local_.reset();
-  return n == static_cast<ssize_t>(nanoinit::kGateOpen.size());
+  return n == static_cast<ssize_t>(line.size());
 }
 
 }  // namespace runner

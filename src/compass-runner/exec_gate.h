@@ -1,8 +1,10 @@
 #pragma once
 // The runner's side of nano-init's exec gate (src/nano-init/gate.h; seed 002: the agent is
 // executed only "after the exec gate opens", once its egress is armed). Used by the podman
-// tier's egress `firewall`: the container's first process is `nano-init supervise --gate-fd 3`,
-// and the runner opens the gate once the netns's ruleset is loaded and verified.
+// tier in both egress modes: with `firewall` the container's first process is `nano-init
+// supervise --gate-fd 3`, and the runner opens the gate once the netns's ruleset is loaded and
+// verified; with `boundary` it is `nano-init run --gate-fd 3`, and the runner opens the gate,
+// passing tun0 with the line, once sam-box serves and tun0 is configured.
 
 #include <sys/types.h>
 
@@ -27,7 +29,7 @@ class ExecGate {
     kTimedOut,        ///< nothing within the timeout
   };
 
-  /// No gate (egress `boundary`): remote() is -1, pending() false.
+  /// No gate: remote() is -1, pending() false.
   ExecGate() = default;
   /// Makes the socketpair. Throws RunnerError if socketpair(2) fails.
   static ExecGate make();
@@ -43,9 +45,11 @@ class ExecGate {
   /// pidfd, pidfd_open(2)) exits, the gate closes, or `timeout` passes. Throws RunnerError if
   /// poll(2) or recv(2) fails otherwise.
   Ready awaitReady(int launcher, std::chrono::milliseconds timeout);
-  /// Writes kGateOpen and closes the runner's end: nano-init executes the agent. False if the
-  /// far end was gone before the line could be written. Never throws.
-  bool open() noexcept;
+  /// Writes kGateOpen and closes the runner's end: nano-init executes the agent. With
+  /// `passed_fd` ≥ 0, that descriptor goes with the line (SCM_RIGHTS, unix(7); the caller keeps
+  /// its own copy): `nano-init run --gate-fd` adopts it as tun0. False if the far end was gone
+  /// before the line could be written. Never throws.
+  bool open(int passed_fd = -1) noexcept;
   /// Closes the runner's end unopened: nano-init exits 70 without starting the agent.
   void shut() noexcept { local_.reset(); }
 

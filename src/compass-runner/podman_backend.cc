@@ -3,6 +3,7 @@
 // RunnerError naming the step (fail closed: the agent never starts half-contained).
 #include "compass-runner/podman_backend.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -230,70 +231,37 @@ class PodmanBackend final : public Backend {
       undo_.emplace_back([this] { unmountRootfs(id_, state_dir_); });
     }
 
-    // 3. The netns, holding only lo until a step below adds tun0 or the firewall's veth. With
-    // egress `boundary` it is made with its tun0 (which nano-init adopts as fd 3) on a thread of
-    // its own while sam-box is spawned: both are on the agent's path to exec, and neither needs
-    // the other. sam-box's socket is waited for in 4, before the container exists (nothing can
-    // reach it sooner).
-    if (egress == Posture::kBoundary) {
-      bool made = false;  // read only after the thread is joined
-      std::future<common::UniqueFd> tun = std::async(std::launch::async, [ns, &made] {
-        step("netns", [&] { netns::create(ns); });
-        made = true;
-        return step("tun0", [&] {
-          common::UniqueFd fd = netns::openTun(ns);
-          netns::configureTun(ns);
-          return fd;
-        });
-      });
-      // Joins the thread; what it made is undone like the rest. Its failure is reported
-      // unless `other` (sam-box's) is.
-      auto join = [&](const std::exception_ptr& other) {
-        std::exception_ptr mine;
-        try {
-          tun_ = tun.get();
-        } catch (...) {
-          mine = std::current_exception();
-        }
-        if (made) {
-          netns_ = ns;
-          undo_.emplace_back([this] { removeNetns(); });
-        }
-        if (other) std::rethrow_exception(other);
-        if (mine) std::rethrow_exception(mine);
-      };
-      try {
-        step("sam-box", [&] { spawnSamBox(spec, sam_box_bin, socket); });
-      } catch (...) {
-        join(std::current_exception());
-      }
-      undo_.emplace_back([this] { sam_box_.stop(); });
-      join(nullptr);
-    } else {
-      step("netns", [&] { netns::create(ns); });
-      netns_ = ns;
-      undo_.emplace_back([this] { removeNetns(); });
-    }
+    // 3. The netns, holding only lo until a step below adds tun0 or the firewall's veth.
+    step("netns", [&] { netns::create(ns); });
+    netns_ = ns;
+    undo_.emplace_back([this] { removeNetns(); });
 
-    std::vector<int> pass_fds;
+    // Both egress modes hold the agent behind nano-init's exec gate (seed 002: the agent runs
+    // "after the exec gate opens"): the container's first process is nano-init, which waits on
+    // the gate (its fd 3) until the runner has made the boundary or armed the firewall. So
+    // podman, whose own start-up (about 130 ms) is the long pole, starts first, and the egress
+    // is made while it runs.
+    gate_ = step("exec gate", [] { return ExecGate::make(); });
+    std::vector<int> pass_fds = {gate_.remote()};
     std::future<std::unique_ptr<firewall::Egress>> arming;
     std::vector<std::string> dns;
     std::vector<std::string> argv;
     std::vector<Mount> mounts;
     if (egress == Posture::kBoundary) {
-      // 4. The boundary serving, before anything can send through tun0.
-      step("sam-box", [&] { awaitSamBox(socket, ids); });
-      pass_fds.push_back(tun_.get());
+      // 4. What the container mounts (read-only) at /run/sam: a directory of its own holding
+      // sam-box's socket once sam-box makes it, and the mount point of nano-init. tun0 comes
+      // through the gate when it opens.
+      step("sam-box", [&] { makeBoundaryDir(spec.state_dir + "/" + kBoundaryDir); });
       dns = {vdns::kResolverAddress};  // nano-init refuses any other resolv.conf
-      mounts = {{socket, kSandboxSocket, false}, {nano_init_bin, kSandboxNanoInit, true}};
-      argv = {kSandboxNanoInit, "run", kSandboxSocket};
+      mounts = {{spec.state_dir + "/" + kBoundaryDir, kSandboxBoundaryDir, true},
+                {nano_init_bin, kSandboxNanoInit, true}};
+      argv = {kSandboxNanoInit, "run", "--gate-fd", "3", kSandboxSocket};
     } else {
       // 4. The firewall (default drop), armed on its own thread while podman starts the
       // container: arming (about 25 ms of `ip` and `nft` runs) no longer adds to podman's own
-      // start-up (about 150 ms). The container's first process is nano-init's exec gate
-      // (seed 002: "before the exec gate opens"): the agent is executed only once arm() has
-      // returned, the ruleset loaded and verified, and step 6 has written "armed" on the gate.
-      // Only the resolver addresses are needed before podman starts (its --dns).
+      // start-up. The agent is executed only once arm() has returned, the ruleset loaded and
+      // verified, and step 6 has written "armed" on the gate. Only the resolver addresses are
+      // needed before podman starts (its --dns).
       auto addressed = std::make_shared<std::promise<firewall::Addressing>>();
       std::future<firewall::Addressing> addresses = addressed->get_future();
       arming =
@@ -320,8 +288,6 @@ class PodmanBackend final : public Backend {
         }
       });
       dns = {a.host4, a.host6};
-      gate_ = step("exec gate", [] { return ExecGate::make(); });
-      pass_fds.push_back(gate_.remote());
       mounts = {{nano_init_bin, kSandboxNanoInit, true}};
       argv = {kSandboxNanoInit, "supervise", "--gate-fd", "3", "--"};
     }
@@ -345,30 +311,57 @@ class PodmanBackend final : public Backend {
     run.argv = argv;
     try {
       step("podman run", [&] { spawnContainer(run, pass_fds); });
+      // 5b. egress `boundary`, while podman starts: sam-box, and tun0 configured from outside
+      // (the container never holds CAP_NET_ADMIN); sam-box's socket is waited for last.
+      std::exception_ptr boundary_failed;
+      if (egress == Posture::kBoundary) {
+        try {
+          step("sam-box", [&] { spawnSamBox(spec, sam_box_bin, socket); });
+          undo_.emplace_back([this] { sam_box_.stop(); });
+          tun_ = step("tun0", [&] {
+            common::UniqueFd fd = netns::openTun(ns);
+            netns::configureTun(ns);
+            return fd;
+          });
+          step("sam-box", [&] { awaitSamBox(socket, ids); });
+        } catch (...) {
+          boundary_failed = std::current_exception();
+        }
+      }
       // 6. The container's first process at its gate (nano-init says "ready", or podman's own
-      // failure is reported), then armed: only then is a failure, a stop or the runner's death
-      // sure to leave the agent unstarted and the container one podman knows (and removes).
-      // nano-init says it the moment it runs, so the gate opens without a poll's delay.
-      if (arming.valid()) step("exec gate", [&] { awaitAtGate(run.pidfile); });
+      // failure is reported): only then is a failure, a stop or the runner's death sure to
+      // leave the agent unstarted and the container one podman knows (and removes), so a
+      // boundary that failed above is reported only now. nano-init says it the moment it
+      // runs, so the gate opens without a poll's delay.
+      try {
+        step("exec gate", [&] { awaitAtGate(run.pidfile); });
+      } catch (const SpecRefused&) {
+        throw;  // podman's refusal of the request (no such image) says what to fix first
+      } catch (...) {
+        if (!boundary_failed) throw;
+      }
+      if (boundary_failed) std::rethrow_exception(boundary_failed);
     } catch (...) {
       if (arming.valid()) awaitArming(arming);
       throw;
     }
-    if (arming.valid()) {
-      // Armed (or the start fails and the gate closes unopened: nano-init exits without
-      // starting the agent, and the undos remove the container).
-      egress_ = step("firewall", [&] { return arming.get(); });
-      // A stop asked for while arming: the gate stays shut rather than start the agent only
-      // to stop it.
-      if (const int sig = spec.stop_signal ? spec.stop_signal() : 0; sig != 0) {
-        throw StoppedBeforeStart(sig);
-      }
-      step("exec gate", [&] {
-        if (!gate_.open()) {
-          throw RunnerError("the container's first process left its exec gate before it opened");
-        }
-      });
+    // Armed (or the start fails and the gate closes unopened: nano-init exits without starting
+    // the agent, and the undos remove the container).
+    if (arming.valid()) egress_ = step("firewall", [&] { return arming.get(); });
+    // A stop asked for while the egress was made: the gate stays shut rather than start the
+    // agent only to stop it.
+    if (const int sig = spec.stop_signal ? spec.stop_signal() : 0; sig != 0) {
+      throw StoppedBeforeStart(sig);
     }
+    // sam-box made its socket, but may have died since (the agent would then run with every
+    // flow refused): the gate opens only onto a boundary that still runs.
+    if (egress == Posture::kBoundary) step("sam-box", [&] { sam_box_.requireRunning(); });
+    step("exec gate", [&] {
+      if (!gate_.open(tun_.get())) {
+        throw RunnerError("the container's first process left its exec gate before it opened");
+      }
+    });
+    tun_.reset();  // nano-init's copy is the one
     const pid_t agent_pid = step("podman run", [&] { return awaitContainer(run.pidfile); });
     started_ = true;
     if (stop_requested_) stop(std::chrono::seconds(2));
@@ -409,6 +402,18 @@ class PodmanBackend final : public Backend {
     sam_box_.spawn(o);
   }
 
+  // <state>/sam, root's, 0755: what the container mounts read-only at /run/sam. sam-box makes
+  // its socket there; the empty file is the mount point of nano-init (a read-only mount has no
+  // room to make one).
+  static void makeBoundaryDir(const std::string& dir) {
+    if (::mkdir(dir.c_str(), 0755) != 0) {
+      throw RunnerError("mkdir(" + dir + "): " + std::strerror(errno));
+    }
+    const std::string mount_point = dir + "/" + kNanoInitMountPoint;
+    common::UniqueFd f(::open(mount_point.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755));
+    if (!f.valid()) throw RunnerError("open(" + mount_point + "): " + std::strerror(errno));
+  }
+
   void awaitSamBox(const std::string& socket, const IdRange& ids) {
     sam_box_.waitReady(kSamBoxStartTimeout);
     // 0600 stays: only the host uid of this sandbox's agent user may connect, so no other
@@ -436,7 +441,7 @@ class PodmanBackend final : public Backend {
     // finds the gate closed and exits, and `gc` removes an exited container. Killed half-way
     // (between `runc create` and `runc start`), it would leave a runc container that podman no
     // longer knows and so `gc` cannot remove.
-    s.die_with_parent = gate_.remote() < 0;
+    s.die_with_parent = false;
     {
       std::lock_guard lock(stop_mutex_);
       podman_pid_ = spawn(s);
@@ -450,9 +455,7 @@ class PodmanBackend final : public Backend {
         podman_pid_ = -1;
       }
     });
-    // The runner's copies of tun0 and of the gate's far end are not needed once podman holds
-    // them; nano-init's are the ones.
-    tun_.reset();
+    // The runner's copy of the gate's far end is not needed once podman holds it.
     gate_.releaseRemote();
   }
 
@@ -560,7 +563,7 @@ class PodmanBackend final : public Backend {
   std::string netns_;
   std::string metrics_addr_;
   common::UniqueFd tun_;
-  ExecGate gate_;  // egress firewall only
+  ExecGate gate_;
   SamBoxProcess sam_box_;
   std::unique_ptr<firewall::Egress> egress_;
   pid_t podman_pid_ = -1;

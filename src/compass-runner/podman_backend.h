@@ -5,8 +5,9 @@
 //
 //   egress boundary (default)        egress firewall
 //   netns: lo + tun0 (fd → nano-init)  netns: lo + veth, nft ruleset (firewall.h)
-//   sam-box on <state>/agent.sock      the runner's DNS forwarder as the sandbox's resolver
-//   entry: nano-init run SOCK CMD…     entry: CMD…
+//   sam-box on <state>/sam/agent.sock  the runner's DNS forwarder as the sandbox's resolver
+//   entry: nano-init run --gate-fd 3   entry: nano-init supervise --gate-fd 3 -- CMD…
+//          SOCK CMD…
 //
 // In both the agent runs as uid 1000 (host uid = its range's base + 1000), with no
 // capability, no_new_privs and no terminal; the container never holds CAP_NET_ADMIN. See
@@ -20,8 +21,13 @@
 
 namespace runner::podman {
 
+/// The directory of the agent's state dir that the container mounts read-only at /run/sam
+/// (podman_cli.h kSandboxBoundaryDir): sam-box's socket, and the mount point of nano-init.
+inline constexpr const char* kBoundaryDir = "sam";
 /// Where the sam-box socket lives in the agent's state dir (its log: sam_box_process.h).
-inline constexpr const char* kSocketFile = "agent.sock";
+inline constexpr const char* kSocketFile = "sam/agent.sock";
+/// The empty file in kBoundaryDir that nano-init is mounted on.
+inline constexpr const char* kNanoInitMountPoint = "nano-init";
 inline constexpr const char* kPidFile = "container.pid";
 /// How long sam-box may take to create its socket before the start fails.
 inline constexpr std::chrono::seconds kSamBoxStartTimeout{5};

@@ -17,7 +17,9 @@ namespace runner::podman {
 
 /// The label every agent container carries: compass.agent=<id> (gc finds them by it).
 inline constexpr const char* kAgentLabel = "compass.agent";
-/// Where the sandbox sees its boundary socket and nano-init (bind mounts).
+/// Where the sandbox sees its boundary and nano-init (read-only bind mounts): egress
+/// `boundary` mounts the agent's <state>/sam directory (sam-box's socket) at /run/sam.
+inline constexpr const char* kSandboxBoundaryDir = "/run/sam";
 inline constexpr const char* kSandboxSocket = "/run/sam/agent.sock";
 inline constexpr const char* kSandboxNanoInit = "/run/sam/nano-init";
 /// podman's exit status when podman itself failed (bad flag, no such image), not the

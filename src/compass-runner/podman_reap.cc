@@ -46,9 +46,9 @@ void reapOrphanAgents(const std::string& conf, const std::vector<std::string>& l
   for (const auto& id : claimedIds()) consider(id);
   for (const auto& id : rootfsIds()) consider(id);
   for (const auto& [pid, sock] : samBoxesUnder(root)) {
-    const std::string dir = sock.substr(0, sock.rfind('/'));
-    const std::string id = dir.substr(dir.rfind('/') + 1);
-    if (orphan(id)) killSamBox(pid);
+    // <root>/<id>/sam/agent.sock: the id is the first component under root.
+    const std::string rest = sock.substr(root.size() + 1);
+    if (orphan(rest.substr(0, rest.find('/')))) killSamBox(pid);
   }
   for (const auto& id : dead)
     reapAgent(conf, id, "", "", -1, std::string(root).append("/").append(id));

@@ -171,18 +171,7 @@ void SamBoxProcess::waitReady(std::chrono::milliseconds timeout) {
   // an inotify instance waits for an SRCU grace period, 10 to 20 ms of the agent's start.)
   const common::UniqueFd exited = pidFd(pid_);
   while (true) {
-    int status = 0;
-    const pid_t reaped = ::waitpid(pid_, &status, WNOHANG);
-    if (reaped == pid_ || (reaped < 0 && errno == ECHILD)) {
-      const bool have_status = reaped == pid_;
-      pid_ = -1;
-      const std::string how = !have_status ? "exited"
-                              : WIFEXITED(status)
-                                  ? "exited with status " + std::to_string(WEXITSTATUS(status))
-                                  : "was killed by signal " + std::to_string(WTERMSIG(status));
-      throw RunnerError("sam-box " + how + " before its socket was ready; the end of " + log_ +
-                        ":\n" + tailOfFile(log_));
-    }
+    throwIfExited("before its socket was ready");
     struct stat st {};
     if (::stat(socket_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return;
     if (Clock::now() > deadline) {
@@ -196,6 +185,25 @@ void SamBoxProcess::waitReady(std::chrono::milliseconds timeout) {
       throw RunnerError(std::string("waiting for sam-box's socket: poll: ") + std::strerror(errno));
     }
   }
+}
+
+void SamBoxProcess::requireRunning() {
+  if (pid_ <= 0) throw RunnerError("sam-box is not running (it was not started)");
+  throwIfExited("before the agent started");
+}
+
+void SamBoxProcess::throwIfExited(const char* when) {
+  int status = 0;
+  const pid_t reaped = ::waitpid(pid_, &status, WNOHANG);
+  if (reaped != pid_ && !(reaped < 0 && errno == ECHILD)) return;
+  const bool have_status = reaped == pid_;
+  pid_ = -1;
+  const std::string how = !have_status ? "exited"
+                          : WIFEXITED(status)
+                              ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                              : "was killed by signal " + std::to_string(WTERMSIG(status));
+  throw RunnerError("sam-box " + how + " " + when + "; the end of " + log_ + ":\n" +
+                    tailOfFile(log_));
 }
 
 void SamBoxProcess::stop(std::chrono::milliseconds grace) noexcept {

@@ -71,12 +71,19 @@ class SamBoxProcess {
   /// RunnerError with the last lines of its log if it exits first or the socket does not
   /// appear in time (then it is killed).
   void waitReady(std::chrono::milliseconds timeout);
+  /// Throws RunnerError (with the last lines of its log) if the sam-box spawn() started has
+  /// exited since, or was never started: checked just before the agent may run.
+  void requireRunning();
   /// The pid, -1 when not running.
   [[nodiscard]] pid_t pid() const { return pid_; }
   /// SIGTERM, SIGKILL after `grace` (2 s by default), reaped. Idempotent; never throws.
   void stop(std::chrono::milliseconds grace = std::chrono::seconds(2)) noexcept;
 
  private:
+  // Throws the RunnerError "sam-box <how it ended> <when>; the end of <log>: …" if it has
+  // exited (reaping it), else returns.
+  void throwIfExited(const char* when);
+
   pid_t pid_ = -1;
   std::string socket_;  ///< of the last spawn()
   std::string log_;

@@ -76,4 +76,8 @@ void becomeUser(unsigned uid, unsigned gid) {
   if (::setresuid(uid, uid, uid) != 0) throwErrno("setresuid(" + std::to_string(uid) + ")");
 }
 
+void protectFromAgent() {
+  if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) throwErrno("prctl(PR_SET_DUMPABLE, 0)");
+}
+
 }  // namespace nanoinit::caps

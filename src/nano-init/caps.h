@@ -16,6 +16,14 @@ void dropAll();
 /// guest). Throws StepError on any failure.
 void becomeUser(unsigned uid, unsigned gid);
 
+/// In nano-init itself, once its namespaces are made and before the agent is forked:
+/// prctl(PR_SET_DUMPABLE, 0) (prctl(2)), so an agent that shares nano-init's uid (the podman
+/// tier runs both as uid 1000) cannot ptrace it, read its memory or copy its descriptors (tun0,
+/// the boundary) with pidfd_getfd(2) or /proc/1/fd. The agent's own exec makes it dumpable
+/// again. Not before the namespaces: a non-dumpable process's /proc/self/uid_map is root's.
+/// Throws StepError on failure.
+void protectFromAgent();
+
 /// The calling process's effective capability mask (for tests and logs).
 unsigned long long effective();
 

@@ -6,40 +6,97 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "nano-init/errors.h"
 
 namespace nanoinit {
+namespace {
 
-void awaitGate(int fd) {
+// Descriptors that came through the gate (close-on-exec); `truncated` if more were sent than
+// fitted (the kernel closed the rest).
+struct Passed {
+  std::vector<common::UniqueFd> fds;
+  bool truncated = false;
+};
+
+// One byte of the gate into *c, and any descriptors that came with it into *passed.
+// recvmsg(2) on a socket, so that SCM_RIGHTS is not dropped; read(2) on anything else (a pipe).
+// Returns what read(2) would; retries EINTR.
+ssize_t readByte(int fd, char* c, Passed* passed) {
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+  while (true) {
+    iovec iov{c, 1};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == ENOTSOCK) {
+      ssize_t r = -1;
+      do {
+        r = ::read(fd, c, 1);
+      } while (r < 0 && errno == EINTR);
+      return r;
+    }
+    if (n < 0) return n;
+    for (cmsghdr* h = CMSG_FIRSTHDR(&msg); h != nullptr; h = CMSG_NXTHDR(&msg, h)) {
+      if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int received = -1;
+        std::memcpy(&received, CMSG_DATA(h) + i * sizeof(int), sizeof(int));
+        passed->fds.emplace_back(received);
+      }
+    }
+    if ((msg.msg_flags & MSG_CTRUNC) != 0) passed->truncated = true;
+    return n;
+  }
+}
+
+}  // namespace
+
+common::UniqueFd awaitGate(int fd) {
   const std::string what = "egress gate (fd " + std::to_string(fd) + ")";
   if (fd < 3) throw StepError(what + ": must be 3 or above (0..2 are stdin, stdout, stderr)");
   if (::fcntl(fd, F_GETFD) < 0) throwErrno(what + ": fcntl(F_GETFD)");
+  common::UniqueFd gate(fd);  // closed before returning, so the agent never inherits it
   ssize_t sent = -1;
   do {
     sent = ::send(fd, kGateReady.data(), kGateReady.size(), MSG_NOSIGNAL);
   } while (sent < 0 && errno == EINTR);
   // ENOTSOCK (a pipe), EPIPE or ECONNRESET (the launcher is gone): the read says what follows.
   std::string line;
+  Passed passed;
   char c = 0;
   constexpr size_t kMax = 64;
   while (line.size() < kMax && (line.empty() || line.back() != '\n')) {
-    const ssize_t n = ::read(fd, &c, 1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throwErrno(what + ": read");
-    if (n == 0) break;
+    const ssize_t n = readByte(fd, &c, &passed);
+    // ECONNRESET: the launcher died with our "ready" unread; as closed.
+    if (n < 0 && errno != ECONNRESET) throwErrno(what + ": read");
+    if (n <= 0) break;
     line.push_back(c);
   }
-  ::close(fd);
-  if (line == kGateOpen) return;
+  gate.reset();
   if (line.empty()) {
     throw StepError(what +
-                    ": closed before egress was armed (the launcher failed to arm it, or "
-                    "exited); the agent was not started");
+                    ": closed before egress was armed (the launcher stopped the start, failed "
+                    "to arm it, or exited); the agent was not started");
   }
-  throw StepError(what + ": expected \"armed\", got " + std::to_string(line.size()) +
-                  " other bytes; the agent was not started");
+  if (line != kGateOpen) {
+    throw StepError(what + ": expected \"armed\", got " + std::to_string(line.size()) +
+                    " other bytes; the agent was not started");
+  }
+  if (passed.fds.size() > 1 || passed.truncated) {
+    throw StepError(what +
+                    ": more than one descriptor came with \"armed\" (at most one, "
+                    "tun0); the agent was not started");
+  }
+  return passed.fds.empty() ? common::UniqueFd() : std::move(passed.fds.front());
 }
 
 }  // namespace nanoinit

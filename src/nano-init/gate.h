@@ -1,9 +1,13 @@
 #pragma once
-// The exec gate of `nano-init supervise --gate-fd N` (seed 002: the agent is executed only once
-// its egress is armed; the podman tier's `--egress firewall` arms the netns while podman starts
-// the container, and opens this gate when the ruleset is verified).
+// The exec gate of `nano-init supervise --gate-fd N` and `nano-init run --gate-fd N` (seed 002:
+// the agent is executed only once its egress is armed). The podman tier's `--egress firewall`
+// arms the netns while podman starts the container, and opens this gate when the ruleset is
+// verified; its `--egress boundary` opens it once sam-box serves, and passes the sandbox's tun0
+// with the line (SCM_RIGHTS, unix(7)), which it configured while podman started.
 
 #include <string_view>
+
+#include "common/unique_fd.h"
 
 namespace nanoinit {
 
@@ -19,9 +23,11 @@ inline constexpr std::string_view kGateReady = "ready\n";
 /// is gone is not an error here: the read below then finds the gate closed), then blocks until
 /// the launcher writes kGateOpen on `fd` (a pipe or stream socket end), then closes `fd`, so
 /// the agent never inherits it. Reads at most 64 bytes, up to the first '\n'; retries EINTR.
-/// Throws StepError("egress gate (fd N): <reason>") if `fd` is below 3 or not open, if the
-/// launcher closes it without writing the line (it failed to arm, or died), or if it writes
-/// anything else; the caller must not start the agent then.
-void awaitGate(int fd);
+/// On a socket, one descriptor may come with the line (SCM_RIGHTS); it is returned (received
+/// close-on-exec), else an invalid UniqueFd. Throws StepError("egress gate (fd N): <reason>")
+/// if `fd` is below 3 or not open, if the launcher closes it without writing the line (it
+/// failed to arm, or died), if it writes anything else, or if more than one descriptor
+/// arrives (every one received is closed then); the caller must not start the agent then.
+common::UniqueFd awaitGate(int fd);
 
 }  // namespace nanoinit

@@ -52,7 +52,7 @@ struct Sandbox {
 // the check that nothing but lo and tun0 is in ours, that before the device, the device before the
 // routes through it, the resolver file before anything can read it, and capabilities are dropped
 // only in the agent's own process (spawn, below).
-[[maybe_unused]] Sandbox setUp(const RunOptions& opts) {
+[[maybe_unused]] Sandbox setUp(const RunOptions& opts, common::UniqueFd passed_tun) {
   Sandbox sb;
   if (opts.create_namespaces) {
     step("user namespace", [] { namespaces::enterUserNamespace(); });
@@ -64,7 +64,7 @@ struct Sandbox {
   // Without one (a container without CAP_SYS_ADMIN) nothing needs saying unless a mount was
   // needed: the resolv.conf step below says so then.
   step("network namespace check", [] { tun::requireIsolatedNamespace(); });
-  sb.tun = step("tun0", [] { return tun::openTun(); });
+  sb.tun = step("tun0", [&] { return tun::openTun(std::move(passed_tun)); });
   step("addresses and routes", [] { tun::configureNetwork(); });
   step("resolv.conf", [&] {
     std::string why_skipped;
@@ -92,8 +92,13 @@ int run(const RunOptions& opts) {
       "so the agent would have no boundary");
   return 70;
 #else
+  // The gate first: until the launcher says the boundary serves, nothing is set up (the
+  // launcher may still be configuring tun0, which it then passes with the line).
+  common::UniqueFd passed_tun;
+  if (opts.gate_fd) passed_tun = awaitGate(*opts.gate_fd);
   asio::io_context io;
-  Sandbox sb = setUp(opts);
+  Sandbox sb = setUp(opts, std::move(passed_tun));
+  step("ptrace protection", [] { caps::protectFromAgent(); });
   // Supervisor before the netstack: signals are blocked before anything could fork.
   Supervisor supervisor(io);
   vdns::VirtualDns dns;
@@ -122,7 +127,12 @@ int run(const RunOptions& opts) {
 // this needs no network stack in the build.
 int supervise(const SuperviseOptions& opts) {
   // The gate first: until the launcher says egress is armed, nothing of the agent's runs.
-  if (opts.gate_fd) awaitGate(*opts.gate_fd);
+  if (opts.gate_fd && awaitGate(*opts.gate_fd).valid()) {
+    throw StepError("egress gate (fd " + std::to_string(*opts.gate_fd) +
+                    "): a descriptor came with \"armed\", and supervise takes none; the agent "
+                    "was not started");
+  }
+  step("ptrace protection", [] { caps::protectFromAgent(); });
   asio::io_context io;
   Supervisor supervisor(io);
   spawnAgent(supervisor, opts.command, opts.user);

@@ -102,8 +102,7 @@ int commandStart(int argc, const char* const* argv) {
   if (sub != "run" && sub != "supervise") return argc;
   for (int i = 2; i < argc; ++i) {
     const std::string_view word = argv[i];
-    if (word == "--user" || (sub == "run" && word == "--ingress-socket") ||
-        (sub == "supervise" && word == "--gate-fd")) {
+    if (word == "--user" || word == "--gate-fd" || (sub == "run" && word == "--ingress-socket")) {
       ++i;  // its value
       continue;
     }
@@ -136,6 +135,17 @@ std::string badUser(const char* sub, const std::string& text) {
 constexpr const char* kUserHelp =
     "Run CMD as UID:GID (decimal) with no supplementary group (default: ours)";
 
+// --gate-fd N (run and supervise): 3..65535. nullopt with the message to print if malformed.
+std::optional<int> parseGateFd(const char* sub, const std::string& text, std::string* error) {
+  uint32_t fd = 0;
+  if (!parseU32(text, &fd) || fd < 3 || fd > 65535) {
+    *error = std::string(sub) + ": invalid --gate-fd '" + text +
+             "': expected a descriptor number from 3 to 65535\n";
+    return std::nullopt;
+  }
+  return static_cast<int>(fd);
+}
+
 }  // namespace
 
 Parsed parseCommandLine(int argc, const char* const* argv) {
@@ -154,6 +164,14 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
                       "(default: none)");
   std::string user;
   auto* user_opt = run_cmd->add_option("--user", user, kUserHelp);
+  std::string run_gate_fd;
+  auto* run_gate_fd_opt =
+      run_cmd
+          ->add_option("--gate-fd", run_gate_fd,
+                       "Set up the sandbox and start CMD only once the line \"armed\" arrives on "
+                       "this inherited descriptor (3 or above), adopting a tun0 passed with it; if "
+                       "it is closed first, exit 70 without starting CMD (default: none)")
+          ->type_name("FD");
   run_cmd
       ->add_option("boundary", run.boundary,
                    "sam-box: a Unix socket path, vsock://CID:PORT, h2+unix://PATH or h2+dev://PATH")
@@ -207,12 +225,9 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
       if (!supervise.user) return Exit{2, badUser("supervise", supervise_user)};
     }
     if (gate_fd_opt->count() > 0) {
-      uint32_t fd = 0;
-      if (!parseU32(gate_fd, &fd) || fd < 3 || fd > 65535) {
-        return Exit{2, "supervise: invalid --gate-fd '" + gate_fd +
-                           "': expected a descriptor number from 3 to 65535\n"};
-      }
-      supervise.gate_fd = static_cast<int>(fd);
+      std::string error;
+      supervise.gate_fd = parseGateFd("supervise", gate_fd, &error);
+      if (!supervise.gate_fd) return Exit{2, error};
     }
     return supervise;
   }
@@ -221,6 +236,11 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
   if (user_opt->count() > 0) {
     run.user = parseUser(user);
     if (!run.user) return Exit{2, badUser("run", user)};
+  }
+  if (run_gate_fd_opt->count() > 0) {
+    std::string error;
+    run.gate_fd = parseGateFd("run", run_gate_fd, &error);
+    if (!run.gate_fd) return Exit{2, error};
   }
   std::string reason;
   if (!parseBoundary(run.boundary, &reason)) {

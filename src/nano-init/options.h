@@ -1,6 +1,7 @@
 #pragma once
 // The command line (issue 3 "Commands"):
-//   nano-init run [--create-namespaces] [--ingress-socket PATH] BOUNDARY CMD [ARGS…]
+//   nano-init run [--create-namespaces] [--ingress-socket PATH] [--user UID:GID]
+//                 [--gate-fd N] BOUNDARY CMD [ARGS…]
 //   nano-init supervise [--user UID:GID] [--gate-fd N] CMD [ARGS…]
 //   nano-init copy DEST
 //   nano-init check
@@ -41,6 +42,9 @@ struct RunOptions {
   /// --user UID:GID: the agent runs as these ids (decimal, < 4294967295) with no supplementary
   /// group; nullopt = nano-init's own ids.
   std::optional<std::pair<uint32_t, uint32_t>> user;
+  /// --gate-fd N (3..65535): nothing of the sandbox is set up, and CMD does not start, until
+  /// gate.h's awaitGate(N) returns; a tun0 that comes with the line is the one adopted.
+  std::optional<int> gate_fd;
   std::vector<std::string> command;
 };
 

@@ -27,11 +27,13 @@ namespace {
 
 constexpr const char* kTunDevice = "/dev/net/tun";
 
-// True if `fd` is an attached tun device named tun0 (then it is ours to adopt).
+// True if `fd` is an attached tun device named tun0 without packet information (IFF_TUN |
+// IFF_NO_PI, the framing the network stack reads): then it is ours to adopt.
 bool isTun0(int fd) {
   ifreq ifr{};
   if (::ioctl(fd, TUNGETIFF, &ifr) != 0) return false;
-  return std::strncmp(ifr.ifr_name, kName, IFNAMSIZ) == 0 && (ifr.ifr_flags & IFF_TUN) != 0;
+  return std::strncmp(ifr.ifr_name, kName, IFNAMSIZ) == 0 && (ifr.ifr_flags & IFF_TUN) != 0 &&
+         (ifr.ifr_flags & IFF_NO_PI) != 0;
 }
 
 // What a launcher may already have done to the namespace (the podman tier does it all, since
@@ -144,7 +146,14 @@ void requireIsolatedNamespace() {
   }
 }
 
-common::UniqueFd openTun() {
+common::UniqueFd openTun(common::UniqueFd passed) {
+  if (passed.valid()) {
+    if (!isTun0(passed.get())) {
+      throw StepError(
+          "the descriptor that came through the exec gate is not tun0 (IFF_TUN | IFF_NO_PI)");
+    }
+    return passed;
+  }
   if (::fcntl(kInheritedFd, F_GETFD) >= 0 && isTun0(kInheritedFd)) {
     // Adopted: the launcher opened it in our netns; stop it leaking into the agent.
     if (::fcntl(kInheritedFd, F_SETFD, FD_CLOEXEC) != 0) throwErrno("fcntl(3, F_SETFD)");

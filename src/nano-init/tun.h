@@ -1,7 +1,8 @@
 #pragma once
 // tun0: the sandbox's only route out (issue 3 "Network"). nano-init either adopts a tun0 its
-// launcher made (an fd passed as 3, or a persistent tun0 in this netns that it may attach
-// to) or creates one, which needs CAP_NET_ADMIN over the netns and access to /dev/net/tun.
+// launcher made (an fd passed as 3 or through the exec gate, or a persistent tun0 in this netns
+// that it may attach to) or creates one, which needs CAP_NET_ADMIN over the netns and access to
+// /dev/net/tun.
 
 #include <string>
 #include <vector>
@@ -19,8 +20,10 @@ inline constexpr int kInheritedFd = 3;
 /// default routes of a namespace it does not own (the host's, if started there by mistake).
 void requireIsolatedNamespace();
 
-/// Returns an open IFF_TUN | IFF_NO_PI descriptor for tun0 (O_CLOEXEC).
-common::UniqueFd openTun();
+/// Returns an open IFF_TUN | IFF_NO_PI descriptor for tun0 (O_CLOEXEC): `passed` if valid (the
+/// tun0 that came through the exec gate; StepError if it is not an attached tun0), else an
+/// inherited fd 3 that is tun0, else a tun0 it creates (StepError naming the failing call).
+common::UniqueFd openTun(common::UniqueFd passed = {});
 
 /// lo up; tun0 up with its IPv4 and IPv6 addresses; IPv4 and IPv6 default routes via tun0.
 /// If all of that is already in place (a launcher such as compass-runner's podman tier did it,

@@ -180,6 +180,62 @@ sys.exit(r.returncode)
     assert r.stdout.split()[-1] == "no-fd-3", f"fd 3 leaked into the agent: {r.stdout}"
 
 
+_GATED_LAUNCHER = r"""
+import fcntl, os, socket, struct, subprocess, sys
+send_tun = sys.argv[1] == "tun"
+if send_tun:
+    tun = os.open('/dev/net/tun', os.O_RDWR)
+    fcntl.ioctl(tun, 0x400454ca, struct.pack('16sH', b'tun0', 0x0001 | 0x1000))  # TUNSETIFF
+ours, theirs = socket.socketpair()
+os.dup2(theirs.fileno(), 9, inheritable=True)
+theirs.close()
+p = subprocess.Popen(sys.argv[2:], pass_fds=(9,))
+os.close(9)
+heard = ours.recv(6)
+links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+print("HEARD", heard, "LINKS-AT-GATE", " ".join(sorted(l.split(":")[1].strip() for l in links.splitlines())), flush=True)
+socket.send_fds(ours, [b"armed\n"], [tun] if send_tun else [])
+if send_tun:
+    os.close(tun)
+ours.close()
+sys.exit(p.wait())
+"""
+
+
+@pytest.mark.parametrize("passed", ["tun", "nothing"])
+def test_run_behind_a_gate_sets_up_nothing_until_armed_and_adopts_the_tun0_it_brings(
+        nano, dummy_boundary, passed):
+    """`run --gate-fd 9`: nano-init says "ready" and waits with the namespace untouched (the
+    launcher may still be configuring it); the tun0 that comes with "armed" is the one it
+    adopts, and neither it nor the gate leaks into the agent. Without a tun0 it makes one."""
+    r = subprocess.run(
+        ["unshare", "--net", "--pid", "--fork", "--mount-proc", "/usr/bin/python3", "-c",
+         _GATED_LAUNCHER, passed, str(NANO_INIT), "run", "--gate-fd", "9", dummy_boundary.path,
+         "sh", "-c", "ip -o addr show dev tun0; echo fds:; for n in $(seq 3 32); do "
+         "readlink /proc/$$/fd/$n; done; echo end"],
+        capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    at_gate = "lo tun0" if passed == "tun" else "lo"
+    assert f"HEARD b'ready\\n' LINKS-AT-GATE {at_gate}\n" in r.stdout, r.stdout
+    # At the gate lo was still down and tun0 had no address: nothing was set up before "armed".
+    assert "100.64.0.1/10" in r.stdout, r.stdout
+    assert r.stdout.endswith("fds:\nend\n"), f"a descriptor leaked into the agent: {r.stdout}"
+
+
+def test_run_behind_a_gate_refuses_a_descriptor_that_is_not_tun0(nano, dummy_boundary,
+                                                                 nano_tmp):
+    marker = nano_tmp / "gate-not-tun-ran"
+    launcher = _GATED_LAUNCHER.replace(
+        "[tun] if send_tun else []", "[os.open('/dev/null', os.O_RDONLY)]")
+    r = subprocess.run(
+        ["unshare", "--net", "--pid", "--fork", "--mount-proc", "/usr/bin/python3", "-c",
+         launcher, "tun", str(NANO_INIT), "run", "--gate-fd", "9", dummy_boundary.path,
+         "touch", str(marker)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 70, r.stderr
+    assert "not tun0" in r.stderr, r.stderr
+    assert not marker.exists()
+
+
 def test_dig_other_types_get_no_answer(nano, dummy_boundary):
     """A gets one synthetic address; TXT and MX get NOERROR with no answer;
     an invalid name gets NXDOMAIN. Nothing here is ever sent to a real resolver."""

@@ -193,7 +193,7 @@ def _agent_traces():
     for d in STATE_ROOT.glob("a*"):
         if re.fullmatch(AGENT_ID, d.name):
             orphan = not (d / "agent.json").exists()
-            sock = orphan and (d / "agent.sock").exists()
+            sock = orphan and (d / "sam" / "agent.sock").exists()
             add(d.name, f"state dir {d}" + (" without agent.json" if orphan else "")
                 + (" but with a sam-box socket" if sock else ""))
     return traces
@@ -322,8 +322,11 @@ def test_agent_is_not_root_on_the_host_and_only_it_can_use_its_socket(image, run
         assert re.search(r"^Uid:\s+(\d+)", kid_status, re.M).group(1) == str(uids[0])
         assert re.search(r"^CapEff:\s+0+$", kid_status, re.M), kid_status
         # The socket stays 0600, owned by that host uid only.
-        sock = os.stat(STATE_ROOT / live.id / "agent.sock")
+        sock = os.stat(STATE_ROOT / live.id / "sam" / "agent.sock")
         assert oct(sock.st_mode & 0o777) == "0o600" and sock.st_uid == uids[0]
+        # Its directory, mounted read-only at /run/sam, is root's: the agent cannot swap it.
+        sam = os.stat(STATE_ROOT / live.id / "sam")
+        assert sam.st_uid == 0 and oct(sam.st_mode & 0o777) == "0o755"
         assert oct(os.stat(STATE_ROOT / live.id).st_mode & 0o777) == "0o700"
         # The roster shows the boundary's posture and its flow counts (from sam-box).
         def counted():
@@ -338,6 +341,24 @@ def test_agent_is_not_root_on_the_host_and_only_it_can_use_its_socket(image, run
     finally:
         left = live.end()
     assert left == []
+
+
+def test_agent_cannot_reach_into_nano_init(image):
+    """nano-init (PID 1) and the agent are both uid 1000 in the container: nano-init is not
+    dumpable, so the agent can neither list nor copy its descriptors (tun0, the boundary) nor
+    read its memory or environment."""
+    script = ("for f in /proc/1/fd /proc/1/environ /proc/1/mem; do "
+              "if ls -L $f >/dev/null 2>&1 && head -c1 $f >/dev/null 2>&1; then echo OPEN $f; "
+              "else echo DENIED $f; fi; done; "
+              "python3 -c 'import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+              "fd = libc.syscall(438, os.pidfd_open(1), 0, 0); "  # pidfd_getfd(2)
+              "print(\"GOT-FD\" if fd >= 0 else os.strerror(ctypes.get_errno()))'")
+    r = run_agent("sh", "-c", script)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:3] == ["DENIED /proc/1/fd", "DENIED /proc/1/environ", "DENIED /proc/1/mem"], \
+        r.stdout
+    assert lines[3] == "Operation not permitted", r.stdout
 
 
 def test_bundle_allowlist_and_identity_banner_and_workdir(image, runner_hosts):
@@ -543,6 +564,114 @@ def test_a_boundary_that_cannot_start_leaves_nothing(image):
     assert r.returncode != 0 and "sam-box" in r.stderr, r.stderr
     assert "refusing for this test" in r.stderr, r.stderr  # its log's last lines
     assert _left_by(r.pid, before) == {}, r.stderr
+
+
+SAM_BOX = pathlib.Path(os.environ.get("COMPASS_SAM_BOX") or os.environ.get("SAM_BOX")
+                       or RUNNER.parent.parent / "sam-box/sam-box").resolve()
+
+
+def _slow_sam_box(tmp_path, then):
+    """A sam-box that starts 3 s late, so the runner is still making the boundary while podman
+    creates the container: `then` is "exec" (the real sam-box follows) or "fail"."""
+    script = tmp_path / f"sam-box-slow-{then}"
+    tail = f'exec {SAM_BOX} "$@"' if then == "exec" else "echo 'sam-box: failing late' >&2; exit 2"
+    script.write_text(f"#!/bin/sh\nsleep 3\n{tail}\n")
+    script.chmod(0o755)
+    return runner_env(COMPASS_SAM_BOX=str(script))
+
+
+def _agent_containers():
+    return set(podman("ps", "-a", "--filter", "label=compass.agent", "--format",
+                      "{{.Names}}").stdout.split())
+
+
+def _runc_containers():
+    return set(subprocess.run(["runc", "list", "-q"], capture_output=True, text=True,
+                              timeout=60).stdout.split())
+
+
+def test_the_agent_waits_at_the_gate_until_the_boundary_serves(image, runner_hosts, tmp_path):
+    """podman starts before sam-box serves; nano-init holds the agent at its exec gate until it
+    does. With a sam-box 3 s late the agent's first request still goes through it."""
+    r = run_agent("curl", "-sS", "--max-time", "10", "http://allowed.example/",
+                  env=_slow_sam_box(tmp_path, "exec"))
+    assert r.returncode == 0 and r.stdout == "allowed.example\n", (r.stdout, r.stderr)
+
+
+def test_a_boundary_that_fails_late_leaves_nothing_and_never_runs_the_agent(image, tmp_path):
+    """sam-box fails while podman is creating the container: the runner waits for the container
+    to reach its gate before it tears down, so neither it nor runc's state is left."""
+    before, runc_before = set(_agent_traces()), _runc_containers()
+    r = run_agent_pid("sh", "-c", "echo AGENT-RAN", env=_slow_sam_box(tmp_path, "fail"))
+    assert r.returncode != 0 and "failing late" in r.stderr, r.stderr
+    assert "AGENT-RAN" not in r.stdout + r.stderr
+    assert _left_by(r.pid, before) == {}, r.stderr
+    assert _runc_containers() <= runc_before
+
+
+def test_a_boundary_that_dies_after_making_its_socket_never_runs_the_agent(image, tmp_path):
+    """sam-box makes its socket, then is killed while podman still starts the container: the
+    gate must not open onto a dead boundary."""
+    script = tmp_path / "sam-box-dies"
+    script.write_text(
+        "#!/bin/sh\nsock=''; prev=''\n"
+        'for a in "$@"; do [ "$prev" = --socket ] && sock="$a"; prev="$a"; done\n'
+        '( while [ ! -S "$sock" ]; do sleep 0.001; done; kill -9 $$ ) &\n'
+        f'exec {SAM_BOX} "$@"\n')
+    script.chmod(0o755)
+    before = set(_agent_traces())
+    r = run_agent_pid("sh", "-c", "echo AGENT-RAN", env=runner_env(COMPASS_SAM_BOX=str(script)))
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "sam-box was killed by signal 9" in r.stderr, r.stderr
+    assert "AGENT-RAN" not in r.stdout + r.stderr
+    assert _left_by(r.pid, before) == {}, r.stderr
+
+
+def test_sigterm_while_the_boundary_starts_keeps_the_gate_shut(image, tmp_path):
+    before, containers_before = set(_agent_traces()), _agent_containers()
+    p = subprocess.Popen(run_argv(["sh", "-c", "echo AGENT-RAN"]), stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=_slow_sam_box(tmp_path, "exec"))
+    try:
+        wait_for(lambda: _agent_containers() - containers_before, "podman to create the container")
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM before the agent started" in err, err
+    assert "AGENT-RAN" not in out + err
+    assert _left_by(p.pid, before) == {}, err
+
+
+def test_runner_killed_while_the_boundary_starts_never_runs_the_agent(image, tmp_path):
+    """kill -9 of the runner while sam-box is starting: podman, which outlives it, finishes the
+    start; nano-init finds the gate closed and exits 70 without running the agent; gc removes
+    the rest, runc's state included."""
+    containers_before, runc_before = _agent_containers(), _runc_containers()
+    out = tmp_path / "killed-runner.out"
+    with open(out, "w") as sink:
+        p = subprocess.Popen(run_argv(["sh", "-c", "echo AGENT-RAN"]), stdin=subprocess.DEVNULL,
+                             stdout=sink, stderr=sink, env=_slow_sam_box(tmp_path, "exec"))
+    try:
+        name = next(iter(wait_for(lambda: _agent_containers() - containers_before,
+                                  "podman to create the container")))
+    finally:
+        p.kill()
+        p.wait()
+
+    def ended():
+        status = podman("ps", "-a", "--filter", f"name=^{name}$", "--format",
+                        "{{.Status}}").stdout.strip()
+        return status.startswith("Exited") and status
+
+    assert wait_for(ended, "the container to end at its closed gate", timeout=60).startswith(
+        "Exited (70)")
+    assert "AGENT-RAN" not in out.read_text()
+    assert runner("gc").returncode == 0
+    assert leftovers(name.removeprefix("compass-")) == []
+    assert _runc_containers() <= runc_before
 
 
 # ---------------------------------------------------------------------------------------

@@ -2,11 +2,13 @@
 // played by hand over the real socketpair, and a real child process as the launcher.
 #include "compass-runner/exec_gate.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <string>
 #include <thread>
 
@@ -62,6 +64,37 @@ TEST(ExecGateTest, ReadyThenOpenDeliversTheLineAndClosesTheRunnersEnd) {
   EXPECT_EQ(line, nanoinit::kGateOpen);
   char c = 0;
   EXPECT_EQ(::recv(far, &c, 1, 0), 0) << "the runner's end is closed once the gate opened";
+}
+
+TEST(ExecGateTest, OpenPassesADescriptorWithTheLine) {
+  ExecGate gate = ExecGate::make();
+  const int far = gate.remote();
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe2(pipe_fds, O_CLOEXEC), 0);
+  ASSERT_TRUE(gate.open(pipe_fds[1]));
+  ::close(pipe_fds[1]);  // the runner's own copy: open() sent one, it kept nothing
+  std::string line(nanoinit::kGateOpen.size(), '\0');
+  iovec iov{line.data(), line.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ASSERT_EQ(::recvmsg(far, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC),
+            static_cast<ssize_t>(line.size()));
+  EXPECT_EQ(line, nanoinit::kGateOpen);
+  const cmsghdr* h = CMSG_FIRSTHDR(&msg);
+  ASSERT_NE(h, nullptr);
+  ASSERT_EQ(h->cmsg_type, SCM_RIGHTS);
+  int received = -1;
+  std::memcpy(&received, CMSG_DATA(h), sizeof(int));
+  ASSERT_EQ(::write(received, "t", 1), 1);  // the same pipe
+  char c = 0;
+  EXPECT_EQ(::read(pipe_fds[0], &c, 1), 1);
+  EXPECT_EQ(c, 't');
+  ::close(received);
+  ::close(pipe_fds[0]);
 }
 
 TEST(ExecGateTest, TheLauncherExitingFirstIsSaid) {

@@ -36,10 +36,10 @@ RunSpec boundarySpec() {
   s.user = "1000:1000";
   s.pass_fds = 1;
   s.dns = {"100.127.255.253"};
-  s.mounts = {{"/run/compass-runner/a0123456789/agent.sock", kSandboxSocket, false},
+  s.mounts = {{"/run/compass-runner/a0123456789/sam", kSandboxBoundaryDir, true},
               {"/usr/lib/compass/nano-init", kSandboxNanoInit, true}};
   s.pidfile = "/run/compass-runner/a0123456789/container.pid";
-  s.argv = {kSandboxNanoInit, "run", kSandboxSocket, "sh", "-c", "echo hi"};
+  s.argv = {kSandboxNanoInit, "run", "--gate-fd", "3", kSandboxSocket, "sh", "-c", "echo hi"};
   return s;
 }
 
@@ -64,14 +64,13 @@ TEST(PodmanRunArgs, BoundaryAgent) {
   EXPECT_TRUE(has(a, "--no-healthcheck"));
   EXPECT_EQ(valuesOf(a, "--image-volume"), V{"ignore"});
   EXPECT_EQ(valuesOf(a, "--stop-signal"), V{"SIGTERM"});
-  EXPECT_EQ(valuesOf(a, "--volume"),
-            (V{"/run/compass-runner/a0123456789/agent.sock:/run/sam/agent.sock",
-               "/usr/lib/compass/nano-init:/run/sam/nano-init:ro"}));
+  EXPECT_EQ(valuesOf(a, "--volume"), (V{"/run/compass-runner/a0123456789/sam:/run/sam:ro",
+                                        "/usr/lib/compass/nano-init:/run/sam/nano-init:ro"}));
   EXPECT_EQ(valuesOf(a, "--entrypoint"), V{kSandboxNanoInit});
   // The image, then nano-init's arguments and the command, in order, at the end.
-  const V tail(a.end() - 6, a.end());
-  EXPECT_EQ(tail,
-            (V{"localhost/compass-agent:latest", "run", kSandboxSocket, "sh", "-c", "echo hi"}));
+  const V tail(a.end() - 8, a.end());
+  EXPECT_EQ(tail, (V{"localhost/compass-agent:latest", "run", "--gate-fd", "3", kSandboxSocket,
+                     "sh", "-c", "echo hi"}));
   // Never a terminal, never a capability, never the host's network or user namespace.
   for (const char* absent :
        {"-t", "-i", "--tty", "--interactive", "--privileged", "--cap-add", "--rm"}) {

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -93,6 +94,80 @@ TEST(GateTest, OnASocketItSaysReadyBeforeItWaits) {
   char c = 0;
   EXPECT_EQ(::recv(launcher, &c, 1, 0), 0) << "the gate's end is closed once it opened";
   ::close(launcher);
+}
+
+// Sends `line` on `fd` with `fds` attached (SCM_RIGHTS), as the podman tier passes tun0.
+void sendWithFds(int fd, const std::string& line, const std::vector<int>& fds) {
+  std::string copy = line;
+  iovec iov{copy.data(), copy.size()};
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  cmsghdr* h = CMSG_FIRSTHDR(&msg);
+  h->cmsg_level = SOL_SOCKET;
+  h->cmsg_type = SCM_RIGHTS;
+  h->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(h), fds.data(), sizeof(int) * fds.size());
+  ASSERT_EQ(::sendmsg(fd, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(copy.size()));
+}
+
+// A socketpair whose [1] is the gate; "ready" already read off [0].
+struct GateSocket {
+  int fds[2] = {-1, -1};
+  GateSocket() { EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0); }
+  ~GateSocket() { ::close(fds[0]); }
+};
+
+// True once every copy of the pipe's write end is closed (the read end sees end of file).
+bool writeEndGone(int read_end) {
+  char c = 0;
+  return ::read(read_end, &c, 1) == 0;
+}
+
+TEST(GateTest, TheDescriptorThatComesWithTheLineIsReturned) {
+  GateSocket g;
+  Pipe p;
+  sendWithFds(g.fds[0], "armed\n", {p.w});
+  p.closeWrite();
+  common::UniqueFd passed = awaitGate(g.fds[1]);
+  ASSERT_TRUE(passed.valid());
+  EXPECT_EQ(::fcntl(passed.get(), F_GETFD) & FD_CLOEXEC, FD_CLOEXEC)
+      << "the agent must not inherit it";
+  ASSERT_EQ(::write(passed.get(), "x", 1), 1);  // the very pipe the launcher sent
+  char c = 0;
+  EXPECT_EQ(::read(p.r, &c, 1), 1);
+  EXPECT_EQ(c, 'x');
+}
+
+TEST(GateTest, TheLineWithoutADescriptorReturnsNone) {
+  GateSocket g;
+  sendWithFds(g.fds[0], "armed\n", {});
+  EXPECT_FALSE(awaitGate(g.fds[1]).valid());
+}
+
+TEST(GateTest, MoreThanOneDescriptorIsRefusedAndEveryOneClosed) {
+  GateSocket g;
+  Pipe p;
+  const int second = ::dup(p.w);
+  sendWithFds(g.fds[0], "armed\n", {p.w, second});
+  ::close(second);
+  p.closeWrite();
+  const std::string e = gateError(g.fds[1]);
+  EXPECT_NE(e.find("more than one descriptor"), std::string::npos) << e;
+  EXPECT_TRUE(writeEndGone(p.r)) << "a refused descriptor was kept open";
+}
+
+TEST(GateTest, ADescriptorWithAnyOtherLineIsRefusedAndClosed) {
+  GateSocket g;
+  Pipe p;
+  sendWithFds(g.fds[0], "ok\n", {p.w});
+  p.closeWrite();
+  const std::string e = gateError(g.fds[1]);
+  EXPECT_NE(e.find("expected \"armed\""), std::string::npos) << e;
+  EXPECT_TRUE(writeEndGone(p.r)) << "a refused descriptor was kept open";
 }
 
 TEST(GateTest, ALauncherGoneBeforeReadyKeepsTheAgentBack) {

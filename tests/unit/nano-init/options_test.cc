@@ -205,10 +205,25 @@ TEST(OptionsTest, SuperviseRefusesAStdioOrMalformedGateDescriptor) {
     EXPECT_EQ(exit->exit_code, 2) << bad;
     EXPECT_NE(exit->message.find("--gate-fd"), std::string::npos) << bad;
   }
-  // run has no gate: its agent waits for nothing but nano-init's own set-up.
-  const auto p = parse({"run", "--gate-fd", "3", "/run/agent.sock", "true"});
-  ASSERT_NE(std::get_if<Exit>(&p), nullptr);
-  EXPECT_EQ(std::get<Exit>(p).exit_code, 2);
+  for (const char* bad : {"2", "x", "65536"}) {
+    const auto p = parse({"run", "--gate-fd", bad, "/run/agent.sock", "true"});
+    const auto* exit = std::get_if<Exit>(&p);
+    ASSERT_NE(exit, nullptr) << bad;
+    EXPECT_EQ(exit->exit_code, 2) << bad;
+    EXPECT_NE(exit->message.find("run: invalid --gate-fd"), std::string::npos) << bad;
+  }
+}
+
+TEST(OptionsTest, RunTakesAGateDescriptorBeforeBoundary) {
+  auto p = parse({"run", "--gate-fd", "3", "/run/sam/agent.sock", "sh", "--gate-fd", "4"});
+  const auto* run = std::get_if<RunOptions>(&p);
+  ASSERT_NE(run, nullptr);
+  EXPECT_EQ(run->gate_fd, 3);
+  EXPECT_EQ(run->boundary, "/run/sam/agent.sock");
+  EXPECT_EQ(run->command, (std::vector<std::string>{"sh", "--gate-fd", "4"}));  // CMD's own
+  p = parse({"run", "/run/sam/agent.sock", "true"});
+  ASSERT_NE(std::get_if<RunOptions>(&p), nullptr);
+  EXPECT_FALSE(std::get<RunOptions>(p).gate_fd.has_value());
 }
 
 TEST(OptionsTest, DoubleDashEndsOurOptionsSoACommandMayBeginWithADash) {
