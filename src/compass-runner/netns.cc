@@ -90,7 +90,7 @@ std::string configureTunHere() {
   if (auto e = setUp(s4.get(), "lo"); !e.empty()) return e;
   ifreq ifr{};
   std::strncpy(ifr.ifr_name, "tun0", IFNAMSIZ - 1);
-  ifr.ifr_mtu = kTunMtu;
+  ifr.ifr_mtu = vdns::kTunMtu;
   if (auto e = ifIoctl(s4.get(), SIOCSIFMTU, ifr, "SIOCSIFMTU"); !e.empty()) return e;
   if (auto e = setUp(s4.get(), "tun0"); !e.empty()) return e;
   const sockaddr_in addr = inet4(vdns::kTunAddress4);

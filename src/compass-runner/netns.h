@@ -15,9 +15,6 @@ namespace runner::netns {
 
 /// Where named network namespaces live (ip-netns(8)).
 inline constexpr const char* kDir = "/run/netns";
-/// tun0's MTU: the netstack's TCP_MSS is 8960 (src/netstack/lwip/lwipopts.h), i.e. a 9000-byte
-/// link, which moves six times fewer packets than 1500.
-inline constexpr int kTunMtu = 9000;
 
 /// "compass-<id>": the netns (and container) name of agent `id`.
 std::string nameFor(const std::string& id);
@@ -36,7 +33,7 @@ void create(const std::string& name);
 /// RunnerError naming the failing call and errno.
 common::UniqueFd openTun(const std::string& name);
 
-/// In /run/netns/<name>: lo up; tun0 MTU kTunMtu, up; 100.64.0.1/10 and 100::1/64 on tun0
+/// In /run/netns/<name>: lo up; tun0 MTU vdns::kTunMtu, up; 100.64.0.1/10 and 100::1/64 on tun0
 /// (src/vdns/virtual_dns.h; no DAD: tun0 is IFF_NOARP); IPv4 and IPv6 default routes via
 /// tun0. Interface and route ioctls (netdevice(7), route(8)'s SIOCADDRT) from a thread in the
 /// namespace, no subprocess. Needs tun0 open (openTun). Throws RunnerError naming the

@@ -29,6 +29,7 @@ def test_only_lo_and_tun0_with_default_routes(nano, dummy_boundary, create):
     assert r.returncode == 0, r.stderr
     links, routes, addrs = r.stdout.split("--\n")
     assert _links(links) == ["lo", "tun0"], links
+    assert re.search(r"tun0: .* mtu 65520 ", links), links  # its own tun0 as the runner's
     assert re.search(r"^default dev tun0", routes, re.M), routes
     assert len(re.findall(r"^default dev tun0", routes, re.M)) == 2, routes
     assert "100.64.0.1/10" in addrs and "100::1/64" in addrs, addrs

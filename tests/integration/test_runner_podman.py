@@ -275,7 +275,7 @@ def test_sandbox_network_is_lo_and_tun0_with_the_virtual_resolver(probes):
     links = re.findall(r"^\d+: ([^:@]+)", probes["links"]["out"], re.M)
     assert sorted(links) == ["lo", "tun0"], probes["links"]
     assert "default dev tun0" in probes["routes"]["out"], probes["routes"]
-    assert "mtu 9000" in probes["links"]["out"], probes["links"]
+    assert "mtu 65520" in probes["links"]["out"], probes["links"]
     servers = re.findall(r"^nameserver\s+(\S+)", probes["resolv"], re.M)
     assert servers == ["100.127.255.253"], probes["resolv"]
     assert not probes["tun_dev"], "the container must not see /dev/net/tun"
