@@ -32,7 +32,7 @@ namespace {
 
 constexpr const char* kResolvConf = "/etc/resolv.conf";
 
-void note(const std::string& text) { std::fprintf(stderr, "nano-init: %s\n", text.c_str()); }
+void note(const std::string& text) { (void)std::fprintf(stderr, "nano-init: %s\n", text.c_str()); }
 
 // Runs `step`, prefixing any failure with its name, so the error says which step and why.
 template <typename F>
@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
   using namespace nanoinit;
   const Parsed parsed = parseCommandLine(argc, argv);
   if (const auto* exit = std::get_if<Exit>(&parsed)) {
-    std::fputs(exit->message.c_str(), exit->exit_code == 0 ? stdout : stderr);
+    (void)std::fputs(exit->message.c_str(), exit->exit_code == 0 ? stdout : stderr);
     return exit->exit_code;
   }
   try {
