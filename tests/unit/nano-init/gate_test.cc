@@ -110,7 +110,8 @@ void sendWithFds(int fd, const std::string& line, const std::vector<int>& fds) {
   h->cmsg_level = SOL_SOCKET;
   h->cmsg_type = SCM_RIGHTS;
   h->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-  std::memcpy(CMSG_DATA(h), fds.data(), sizeof(int) * fds.size());
+  // An empty list still sends the (empty) SCM_RIGHTS header; memcpy must not see a null source.
+  if (!fds.empty()) std::memcpy(CMSG_DATA(h), fds.data(), sizeof(int) * fds.size());
   ASSERT_EQ(::sendmsg(fd, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(copy.size()));
 }
 
