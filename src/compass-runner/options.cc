@@ -4,9 +4,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -35,11 +37,18 @@ bool allDigits(std::string_view s) {
 // with the same size cap as policy::loadBundle.
 std::string readBundleText(const std::string& path) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    throw RunnerError(quoted("--bundle", path) + ": not a readable regular file");
+  const auto st = std::filesystem::status(path, ec);
+  if (st.type() == std::filesystem::file_type::not_found) {
+    throw RunnerError(quoted("--bundle", path) + ": no such file");
+  }
+  if (ec) throw RunnerError(quoted("--bundle", path) + ": " + ec.message());
+  if (st.type() != std::filesystem::file_type::regular) {
+    throw RunnerError(quoted("--bundle", path) + ": not a regular file");
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw RunnerError(quoted("--bundle", path) + ": cannot be opened");
+  if (!in) {
+    throw RunnerError(quoted("--bundle", path) + ": cannot be opened: " + std::strerror(errno));
+  }
   std::string text;
   text.resize(policy::kMaxBundleBytes + 1);
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
@@ -92,17 +101,30 @@ void finishRun(RunOptions& run, const std::vector<std::string>& allow, bool allo
   AgentSpec& spec = run.spec;
   std::vector<policy::AllowRule> rules;
   if (allow_given) spec.egress_configured = true;
+  bool stated_empty = false;
   for (const auto& entry : allow) {
     // `--egress-allow ""` states an explicitly empty allowlist (pure default-deny); it adds
     // no rule but still counts as a configured policy.
-    if (entry.empty()) continue;
+    if (entry.empty()) {
+      stated_empty = true;
+      continue;
+    }
     try {
       rules.push_back(policy::parseAllowRule(entry));
     } catch (const policy::AllowRuleError& e) {
       throw RunnerError(quoted("--egress-allow", entry) + ": " + e.what());
     }
   }
+  const bool names_given = !rules.empty();
   if (!spec.bundle_path.empty()) applyBundle(spec.bundle_path, spec, rules);
+  if (stated_empty && !rules.empty()) {
+    // An explicitly empty allowlist beside names says two things; neither is guessed.
+    throw RunnerError(quoted("--egress-allow", "") +
+                      ": states an empty allowlist, but the allowlist also holds \"" +
+                      rules.front().text() + "\"" +
+                      (names_given ? " from --egress-allow" : " from --bundle") +
+                      "; give --egress-allow \"\" alone, or only the names to allow");
+  }
   for (const auto& rule : rules) {
     std::string text = rule.text();
     if (std::find(spec.egress_allow.begin(), spec.egress_allow.end(), text) ==

@@ -159,9 +159,26 @@ TEST(RunOptionsTest, BadBundlesAreRefusedWithTheField) {
   EXPECT_NE(refusal({"run", "--bundle", bad_allow.path(), "--", "true"}).find("egress.allow[0]"),
             std::string::npos);
   EXPECT_NE(refusal({"run", "--bundle", "/nonexistent/bundle.yaml", "--", "true"})
-                .find("--bundle \"/nonexistent/bundle.yaml\""),
+                .find("--bundle \"/nonexistent/bundle.yaml\": no such file"),
             std::string::npos);
-  EXPECT_NE(refusal({"run", "--bundle", "/tmp", "--", "true"}).find("--bundle"), std::string::npos);
+  EXPECT_NE(
+      refusal({"run", "--bundle", "/tmp", "--", "true"}).find("--bundle \"/tmp\": not a regular"),
+      std::string::npos);
+}
+
+TEST(RunOptionsTest, AnEmptyAllowlistBesideNamesIsRefused) {
+  // `""` says "allow nothing"; a name beside it says the opposite: neither is picked silently.
+  std::string why =
+      refusal({"run", "--egress-allow", "", "--egress-allow", "api.example.com", "--", "true"});
+  EXPECT_NE(why.find("--egress-allow \"\""), std::string::npos) << why;
+  EXPECT_NE(why.find("\"api.example.com\" from --egress-allow"), std::string::npos) << why;
+  TempFile bundle("version: v1\nagent:\n  id: a.example\negress:\n  allow: [api.github.com]\n");
+  why = refusal({"run", "--egress-allow", "", "--bundle", bundle.path(), "--", "true"});
+  EXPECT_NE(why.find("\"api.github.com\" from --bundle"), std::string::npos) << why;
+  // A bundle whose allowlist is empty agrees with it.
+  TempFile empty("version: v1\nagent:\n  id: a.example\negress: {}\n");
+  EXPECT_TRUE(asRun(parse({"run", "--egress-allow", "", "--bundle", empty.path(), "--", "true"}))
+                  .spec.egress_allow.empty());
 }
 
 TEST(RunOptionsTest, ImageAndRootfsExcludeEachOther) {
