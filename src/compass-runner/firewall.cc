@@ -367,16 +367,25 @@ class FirewallEgress final : public Egress {
       auto aaaa = ask(kTypeAaaa, net_.host6);
       const std::pair<uint16_t, ParsedReply> replies[] = {{kTypeA, a.get()},
                                                           {kTypeAaaa, aaaa.get()}};
+      auto none = [](const ParsedReply& r) {
+        return r.rcode == kRcodeNxDomain || r.addresses.empty();
+      };
+      // A name with addresses of one family only is common (IPv4-only hosts): said at info
+      // level; a warning only when the name has no address at all.
+      const bool nowhere = none(replies[0].second) && none(replies[1].second);
       for (const auto& [qtype, r] : replies) {
         if (r.rcode != kRcodeNoError && r.rcode != kRcodeNxDomain) {
           throw RunnerError("the sandbox's resolver answered " + rule.name +
                             (qtype == kTypeA ? " A" : " AAAA") + " with RCODE " +
                             std::to_string(r.rcode) + " (see the dns log line)");
         }
-        if (r.rcode == kRcodeNxDomain || r.addresses.empty()) {
-          common::log::warn(
-              "egress firewall: allowed name has no address yet",
-              {{"agent", id_}, {"name", rule.name}, {"qtype", qtype == kTypeA ? "A" : "AAAA"}});
+        if (!none(r)) continue;
+        const nlohmann::json fields{
+            {"agent", id_}, {"name", rule.name}, {"qtype", qtype == kTypeA ? "A" : "AAAA"}};
+        if (nowhere) {
+          common::log::warn("egress firewall: allowed name has no address yet", fields);
+        } else {
+          common::log::info("egress firewall: allowed name has no address of this family", fields);
         }
       }
     }

@@ -69,7 +69,8 @@ def hosts_text(moving_v4=rh.ALLOWED_V4, moving_v6=rh.ALLOWED_V6):
             f"{rh.DENIED_V6} www.wild.example wild.example\n"
             f"127.0.0.1 loop.example\n::1 loop.example\n"
             f"169.254.169.254 metadata.example\n::ffff:127.0.0.1 metadata.example\n"
-            f"{moving_v4} moving.example\n{moving_v6} moving.example\n")
+            f"{moving_v4} moving.example\n{moving_v6} moving.example\n"
+            f"{rh.ALLOWED_V4} v4only.example\n")
 
 
 def write_in_place(path, text):
@@ -384,6 +385,21 @@ def test_a_name_that_moves_keeps_working_without_widening(make_sandbox):
     sets = sb.run("nft", "list", "ruleset", root=True).stdout
     assert f'{rh.DENIED_V4} comment "moving.example"' in sets
     assert "status: REFUSED" in sb.dig(rh.DENIED).stdout
+
+
+def test_only_a_name_with_no_address_at_all_is_a_warning(make_sandbox):
+    # An IPv4-only host is common: its empty AAAA is said at info level, not as a warning.
+    sb = make_sandbox(["v4only.example", "nowhere.example"])
+    lines = sb.log_lines()
+
+    def said(msg):
+        return sorted((l["name"], l["qtype"]) for l in lines
+                      if l.get("msg") == f"egress firewall: {msg}" and l.get("agent") == sb.id)
+
+    assert said("allowed name has no address yet") == [("nowhere.example", "A"),
+                                                       ("nowhere.example", "AAAA")], lines
+    assert said("allowed name has no address of this family") == [("v4only.example", "AAAA")]
+    assert sb.curl("http://v4only.example/").stdout == "allowed.example\n"
 
 
 # ---------------------------------------------------------------------------------------
