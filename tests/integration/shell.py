@@ -1,5 +1,6 @@
 """Running a command from a test helper: one place for the rule every helper follows."""
 
+import signal
 import subprocess
 
 
@@ -11,3 +12,21 @@ def sh(*cmd, check=True):
     if check and r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()}")
     return r
+
+
+def sigterm_once_started(argv, env, await_started, timeout=120):
+    """Starts argv (stdin closed, stdout and stderr captured as text), waits with
+    await_started() for the point the caller names (for a runner: its container exists),
+    sends SIGTERM and returns (the finished Popen, for its pid and returncode; stdout;
+    stderr). The process is killed and reaped whatever happens, so a failed wait leaves
+    nothing running."""
+    p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        await_started()
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=timeout)
+    finally:
+        p.kill()
+        p.wait()
+    return p, out, err

@@ -34,6 +34,7 @@ import boxlib
 
 from runner_hosts import runner_hosts  # noqa: F401 (a fixture)
 import runner_hosts as rh
+from shell import sigterm_once_started
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -688,16 +689,8 @@ def test_podman_sigterm_while_arming_keeps_the_gate_shut(runner_hosts, tmp):
         pytest.skip(why)
     env = _fake_nft(tmp, "nft-slow-term", "sleep 2")
     before = _agent_traces()
-    p = subprocess.Popen(
-        _firewall_argv("sh", "-c", "echo AGENT-RAN"), env=env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _await_new_container(before)
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=60)
-    finally:
-        p.kill()
-        p.wait()
+    p, out, err = sigterm_once_started(_firewall_argv("sh", "-c", "echo AGENT-RAN"), env,
+                                       lambda: _await_new_container(before), timeout=60)
     assert p.returncode == 128 + signal.SIGTERM, err
     assert "stopped by SIGTERM before the agent started" in err, err
     assert "AGENT-RAN" not in out + err

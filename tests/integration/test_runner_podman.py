@@ -24,6 +24,7 @@ import pytest
 
 from probes import helpers as probe_helpers
 from runner_hosts import runner_hosts  # noqa: F401 (a fixture)
+from shell import sigterm_once_started
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RUNNER = pathlib.Path(os.environ.get("COMPASS_RUNNER",
@@ -629,16 +630,11 @@ def test_a_boundary_that_dies_after_making_its_socket_never_runs_the_agent(image
 
 def test_sigterm_while_the_boundary_starts_keeps_the_gate_shut(image, tmp_path):
     before, containers_before = set(_agent_traces()), _agent_containers()
-    p = subprocess.Popen(run_argv(["sh", "-c", "echo AGENT-RAN"]), stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=_slow_sam_box(tmp_path, "exec"))
-    try:
+    def created():
         wait_for(lambda: _agent_containers() - containers_before, "podman to create the container")
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=120)
-    finally:
-        p.kill()
-        p.wait()
+
+    argv = run_argv(["sh", "-c", "echo AGENT-RAN"])
+    p, out, err = sigterm_once_started(argv, _slow_sam_box(tmp_path, "exec"), created)
     assert p.returncode == 128 + signal.SIGTERM, err
     assert "stopped by SIGTERM before the agent started" in err, err
     assert "AGENT-RAN" not in out + err
