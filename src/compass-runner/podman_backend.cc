@@ -244,6 +244,15 @@ class PodmanBackend final : public Backend {
     gate_ = step("exec gate", [] { return ExecGate::make(); });
     std::vector<int> pass_fds = {gate_.remote()};
     std::future<std::unique_ptr<firewall::Egress>> arming;
+    // Destroyed before `arming`, whose destructor joins the arming thread: however start()
+    // leaves, that thread is let go on first (it waits in step 4 until podman is spawned).
+    struct ReleaseOnExit {
+      PodmanBackend* self;
+      explicit ReleaseOnExit(PodmanBackend* backend) : self(backend) {}
+      ReleaseOnExit(const ReleaseOnExit&) = delete;
+      ReleaseOnExit& operator=(const ReleaseOnExit&) = delete;
+      ~ReleaseOnExit() { self->releaseArming(); }
+    } release_arming{this};
     std::vector<std::string> dns;
     std::vector<std::string> argv;
     std::vector<Mount> mounts;
@@ -261,22 +270,26 @@ class PodmanBackend final : public Backend {
       // container: arming (about 25 ms of `ip` and `nft` runs) no longer adds to podman's own
       // start-up. The agent is executed only once arm() has returned, the ruleset loaded and
       // verified, and step 6 has written "armed" on the gate. Only the resolver addresses are
-      // needed before podman starts (its --dns).
+      // needed before podman starts (its --dns); the thread then waits until podman has been
+      // spawned (releaseArming()), so that its own `ip` and `nft` starts do not delay podman's
+      // exec on two cores (measured: podman exec'd 7 ms later without the wait).
       auto addressed = std::make_shared<std::promise<firewall::Addressing>>();
       std::future<firewall::Addressing> addresses = addressed->get_future();
-      arming =
-          std::async(std::launch::async, [id = spec.id, ns, allow = spec.egress_allow, addressed] {
-            bool told = false;
-            try {
-              return firewall::arm(id, ns, allow, [&](const firewall::Addressing& a) {
-                told = true;
-                addressed->set_value(a);
-              });
-            } catch (...) {
-              if (!told) addressed->set_exception(std::current_exception());
-              throw;
-            }
+      arming_go_ = std::make_shared<std::promise<void>>();
+      arming = std::async(std::launch::async, [id = spec.id, ns, allow = spec.egress_allow,
+                                               addressed, go = arming_go_->get_future().share()] {
+        bool told = false;
+        try {
+          return firewall::arm(id, ns, allow, [&](const firewall::Addressing& a) {
+            told = true;
+            addressed->set_value(a);
+            go.wait();
           });
+        } catch (...) {
+          if (!told) addressed->set_exception(std::current_exception());
+          throw;
+        }
+      });
       // Registered before the container's own undo, so it runs after the container is gone.
       undo_.emplace_back([this] { teardownEgress(); });
       const firewall::Addressing a = step("firewall", [&] {
@@ -311,6 +324,7 @@ class PodmanBackend final : public Backend {
     run.argv = argv;
     try {
       step("podman run", [&] { spawnContainer(run, pass_fds); });
+      releaseArming();
       // 5b. egress `boundary`, while podman starts: sam-box, and tun0 configured from outside
       // (the container never holds CAP_NET_ADMIN); sam-box's socket is waited for last.
       std::exception_ptr boundary_failed;
@@ -372,10 +386,19 @@ class PodmanBackend final : public Backend {
   // finished) goes to egress_, whose undo removes it after the container. Its own failure, if
   // any, is not the one reported.
   void awaitArming(std::future<std::unique_ptr<firewall::Egress>>& arming) noexcept {
+    releaseArming();
     try {
       egress_ = arming.get();
     } catch (...) {
       // the caller's exception is the one reported
+    }
+  }
+
+  // Lets the arming thread go on past the slot's addresses (see step 4); once only.
+  void releaseArming() noexcept {
+    if (arming_go_) {
+      arming_go_->set_value();
+      arming_go_.reset();
     }
   }
 
@@ -566,6 +589,7 @@ class PodmanBackend final : public Backend {
   ExecGate gate_;
   SamBoxProcess sam_box_;
   std::unique_ptr<firewall::Egress> egress_;
+  std::shared_ptr<std::promise<void>> arming_go_;  // step 4: set once podman is spawned
   pid_t podman_pid_ = -1;
   int exit_status_ = -1;
   bool started_ = false;
