@@ -208,6 +208,34 @@ void configureTun(const std::string& name) {
   });
 }
 
+bool awaitRunning(const std::string& name, const std::string& dev,
+                  std::chrono::milliseconds timeout) {
+  bool up = false;
+  onThread("wait for " + dev + " to be up" + (name.empty() ? "" : " in " + name),
+           [&]() -> std::string {
+             if (!name.empty()) {
+               if (std::string e = enter(name); !e.empty()) return e;
+             }
+             const common::UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+             if (!s.valid()) return errnoText("socket");
+             const auto deadline = std::chrono::steady_clock::now() + timeout;
+             for (;;) {
+               ifreq ifr{};
+               std::strncpy(ifr.ifr_name, dev.c_str(), IFNAMSIZ - 1);
+               if (auto e = ifIoctl(s.get(), SIOCGIFFLAGS, ifr, "SIOCGIFFLAGS"); !e.empty()) {
+                 return e;
+               }
+               if ((ifr.ifr_flags & IFF_RUNNING) != 0) {
+                 up = true;
+                 return "";
+               }
+               if (std::chrono::steady_clock::now() >= deadline) return "";
+               std::this_thread::sleep_for(std::chrono::microseconds(200));
+             }
+           });
+  return up;
+}
+
 bool remove(const std::string& name) noexcept {
   try {
     if (!exists(name)) return true;

@@ -6,6 +6,7 @@
 // namespace, and its descriptor is handed to podman (--preserve-fds 1, fd 3 in the
 // container), which nano-init adopts (src/nano-init/tun.h).
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,16 @@ common::UniqueFd openTun(const std::string& name);
 /// namespace, no subprocess. Needs tun0 open (openTun). Throws RunnerError naming the
 /// failing call and errno.
 void configureTun(const std::string& name);
+
+/// Waits until interface `dev` is operationally up (IFF_RUNNING, netdevice(7)): the kernel's
+/// link watch has seen its carrier and given it a queueing discipline that passes packets.
+/// Until then a packet sent on it is dropped, and a dropped ARP or neighbour solicitation is
+/// only sent again a second later (arp(7) retrans_time_ms). `dev` is looked up in
+/// /run/netns/<name>, or in the runner's own netns when `name` is empty. Polls SIOCGIFFLAGS
+/// every 0.2 ms for at most `timeout` (ms). Returns true once it is up, false on timeout.
+/// Throws RunnerError naming the failing call and errno (no such device, no such netns).
+bool awaitRunning(const std::string& name, const std::string& dev,
+                  std::chrono::milliseconds timeout);
 
 /// Deletes /run/netns/<name> (`ip netns del`). Idempotent: a missing namespace is not an
 /// error; returns false (and never throws) only if it exists and could not be removed.
