@@ -4,6 +4,7 @@ per tier, against the baseline each tier is built on (issue 4, "Benchmark").
 
     sudo /usr/bin/python3 bench/runner_bench.py            # full run (20 starts per case)
     sudo /usr/bin/python3 bench/runner_bench.py --quick    # smoke run (5 starts per case)
+    sudo /usr/bin/python3 bench/runner_bench.py --rounds 60  # tighter medians on a noisy box
 
 The agent command is `date +%s%N`: it prints the wall-clock time at which it ran. Latency is
 that time minus the time taken just before the launcher was started (same host clock, so
@@ -82,6 +83,9 @@ def summarize(samples):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="5 starts per case instead of 20")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="starts per case (default 20, or 5 with --quick); more rounds narrow "
+                         "the medians' spread on a noisy machine")
     ap.add_argument("--build", default=str(REPO / "build"), help="build dir (default build/)")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -89,7 +93,9 @@ def main():
     runner = pathlib.Path(args.build) / "src" / "compass-runner" / "compass-runner"
     if not runner.exists():
         sys.exit(f"runner_bench: no {runner}: run scripts/build first")
-    rounds = 5 if args.quick else 20
+    if args.rounds < 0:
+        sys.exit("runner_bench: --rounds must be a positive number")
+    rounds = args.rounds if args.rounds > 0 else (5 if args.quick else 20)
 
     subprocess.run([str(runner), "image", "build"], check=True, stdin=subprocess.DEVNULL)
     host_tmp = tempfile.mkdtemp(prefix="runner-bench-")
