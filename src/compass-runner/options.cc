@@ -145,7 +145,17 @@ void finishRun(RunOptions& run, const std::vector<std::string>& allow, bool allo
   if (!memory.empty()) spec.resources.memory_bytes = parseBytes("--memory", memory);
   if (!cpus.empty()) spec.resources.cpus = parseCpus("--cpus", cpus);
   if (!pids.empty()) spec.resources.pids = parsePids("--pids", pids);
-  if (!spec.rootfs.empty()) spec.rootfs = absoluteDirectory("--rootfs", spec.rootfs);
+  if (!spec.rootfs.empty()) {
+    spec.rootfs = absoluteDirectory("--rootfs", spec.rootfs);
+    // Refused here rather than by runc's "open …/etc/resolv.conf: permission denied" (an empty
+    // directory, a wrong path): podman mounts the sandbox's resolv.conf and hosts into etc/.
+    std::error_code ec;
+    if (!std::filesystem::is_directory(std::filesystem::path(spec.rootfs) / "etc", ec)) {
+      throw RunnerError(quoted("--rootfs", spec.rootfs) +
+                        ": not a root filesystem: it has no etc/ directory (the agent's "
+                        "/etc/resolv.conf and /etc/hosts are mounted there)");
+    }
+  }
   if (!spec.workdir.empty() && spec.workdir.front() != '/') {
     throw RunnerError(quoted("--workdir", spec.workdir) + ": must be an absolute path");
   }

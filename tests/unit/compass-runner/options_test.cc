@@ -1,6 +1,7 @@
 #include "compass-runner/options.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
@@ -187,6 +188,20 @@ TEST(RunOptionsTest, ImageAndRootfsExcludeEachOther) {
   EXPECT_NE(refusal({"run", "--rootfs", "/nonexistent-rootfs", "--", "true"}).find("--rootfs"),
             std::string::npos);
   EXPECT_EQ(asRun(parse({"run", "--rootfs", "/usr/../", "--", "true"})).spec.rootfs, "/");
+}
+
+TEST(RunOptionsTest, ARootfsWithoutEtcIsRefusedAsNoRootFilesystem) {
+  // An empty directory (or a wrong path such as the image's parent) is no root filesystem.
+  char dir[] = "/tmp/rootfs-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string why = refusal({"run", "--rootfs", dir, "--", "true"});
+  EXPECT_NE(why.find("--rootfs"), std::string::npos) << why;
+  EXPECT_NE(why.find("no etc/ directory"), std::string::npos) << why;
+  const std::string etc = std::string(dir) + "/etc";
+  ASSERT_EQ(::mkdir(etc.c_str(), 0755), 0);
+  EXPECT_EQ(asRun(parse({"run", "--rootfs", dir, "--", "true"})).spec.rootfs, dir);
+  ::rmdir(etc.c_str());
+  ::rmdir(dir);
 }
 
 TEST(RunOptionsTest, EmptyValuesAreRefusedNamingTheFlag) {
