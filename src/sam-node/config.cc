@@ -108,8 +108,12 @@ std::string label(const YAML::Node& map, const std::string& field) {
 std::string targetUrl(const std::string& raw, const std::string& field) {
   const std::string reason = "must be an http:// or https:// URL with a host, got " + quote(raw);
   std::unique_ptr<CURLU, decltype(&curl_url_cleanup)> url(curl_url(), curl_url_cleanup);
-  if (!url || curl_url_set(url.get(), CURLUPART_URL, raw.c_str(), 0) != CURLUE_OK)
-    fail(field, reason);
+  if (!url) fail(field, reason);
+  if (const CURLUcode rc = curl_url_set(url.get(), CURLUPART_URL, raw.c_str(), 0);
+      rc != CURLUE_OK) {
+    fail(field, rc == CURLUE_BAD_PORT_NUMBER ? "port is not a number in 1..65535, got " + quote(raw)
+                                             : reason);
+  }
   auto part = [&](CURLUPart which) -> std::optional<std::string> {
     char* value = nullptr;
     if (curl_url_get(url.get(), which, &value, 0) != CURLUE_OK || value == nullptr)
@@ -124,7 +128,10 @@ std::string targetUrl(const std::string& raw, const std::string& field) {
   if (!host || host->empty()) fail(field, reason);
   if (part(CURLUPART_USER) || part(CURLUPART_QUERY) || part(CURLUPART_FRAGMENT))
     fail(field, "must not carry user info, a query or a fragment, got " + quote(raw));
-  if (raw.rfind(*scheme + "://", 0) != 0) fail(field, reason);  // no "http:host" shorthand
+  // No "http:host" shorthand, and no "http:///v1": libcurl reads a third slash as nothing and
+  // takes the path for the host.
+  if (raw.rfind(*scheme + "://", 0) != 0 || raw.compare(scheme->size() + 3, 1, "/") == 0)
+    fail(field, reason);
   std::string out = raw;
   while (out.size() > scheme->size() + 3 && out.back() == '/') out.pop_back();
   return out;

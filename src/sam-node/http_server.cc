@@ -320,10 +320,18 @@ void finishRequest(Request& req) {
   req.agent = findHeader(req.headers, "x-sam-agent").value_or("");
 }
 
-void sendError(int fd, int status, std::string_view message) {
+// The same shape as the router's answers (docs/sam-node.md): a refusal (4xx, 503) is
+// {"error": {message, type "sam_node_refusal", code}} with the code in Sam-Node-Reason; the
+// node's own failure (500) has type "sam_node_error".
+void sendError(int fd, int status, std::string_view reason, std::string_view message) {
   ConnWriter out(fd, false, false, false);
-  sendJson(out, status,
-           nlohmann::json{{"error", {{"message", message}, {"type", "sam_node_http"}}}}.dump());
+  const nlohmann::json body = {
+      {"error",
+       {{"message", message},
+        {"type", status >= 500 && status != 503 ? "sam_node_error" : "sam_node_refusal"},
+        {"code", reason}}}};
+  out.send(status, {{"Content-Type", "application/json"}, {"Sam-Node-Reason", std::string(reason)}},
+           body.dump());
 }
 
 }  // namespace
@@ -389,11 +397,11 @@ bool HttpServer::Impl::awaitBytes(int fd, const Parse& state) {
   if (in_head) {
     refused("request refused", "request-head-timeout", {{"limit_ms", limits.head_timeout.count()}});
     sendError(
-        fd, 408,
+        fd, 408, "request-head-timeout",
         "request head not complete within " + std::to_string(limits.head_timeout.count()) + " ms");
   } else if (state.in_message) {
     refused("request refused", "idle-timeout", {{"limit_ms", limits.idle_timeout.count()}});
-    sendError(fd, 408,
+    sendError(fd, 408, "idle-timeout",
               "request body stalled for " + std::to_string(limits.idle_timeout.count()) + " ms");
   } else {
     // Between requests a close is the ordinary end of keep-alive (RFC 9112 §9.5): no answer,
@@ -447,11 +455,11 @@ void HttpServer::Impl::serveConnection(common::UniqueFd fd) {
           handler(req, out);
         } catch (const std::exception& e) {
           common::log::error("handler failed", {{"path", req.path}, {"error", e.what()}});
-          if (!out.started()) sendError(fd.get(), 500, "internal error");
+          if (!out.started()) sendError(fd.get(), 500, "internal-error", "internal error");
           open = false;
         }
         if (!out.started()) {
-          sendError(fd.get(), 500, "no response");
+          sendError(fd.get(), 500, "internal-error", "no response");
           open = false;
         }
         if (!out.reusable()) open = false;
@@ -462,19 +470,20 @@ void HttpServer::Impl::serveConnection(common::UniqueFd fd) {
         // No protocol upgrade here (RFC 9110 §7.8: a server may ignore Upgrade, but the
         // bytes after the head would be the other protocol's): refuse and close.
         refused("request refused", "upgrade-not-supported");
-        sendError(fd.get(), 400, "protocol upgrade is not supported");
+        sendError(fd.get(), 400, "upgrade-not-supported", "protocol upgrade is not supported");
       } else if (state.body_too_large) {
         refused("request refused", "body-too-large");
-        sendError(fd.get(), 413,
+        sendError(fd.get(), 413, "body-too-large",
                   "request body larger than " + std::to_string(kMaxRequestBody) + " bytes");
       } else if (state.head_too_large) {
         refused("request refused", "head-too-large");
-        sendError(fd.get(), 431,
+        sendError(fd.get(), 431, "head-too-large",
                   "request head larger than " + std::to_string(kMaxHeadBytes) + " bytes");
       } else {
         const char* reason = llhttp_get_error_reason(&parser);
         refused("request refused", "malformed-request", {{"detail", reason ? reason : ""}});
-        sendError(fd.get(), 400, std::string("malformed request: ") + (reason ? reason : ""));
+        sendError(fd.get(), 400, "malformed-request",
+                  std::string("malformed request: ") + (reason ? reason : ""));
       }
       open = false;
     }
@@ -563,7 +572,7 @@ void HttpServer::serve() {
     if (im.conns.size() >= kMaxConnections) {
       lock.unlock();
       im.refused("connection refused", "too-many-connections", {{"limit", kMaxConnections}});
-      sendError(conn.get(), 503, "too many connections");
+      sendError(conn.get(), 503, "too-many-connections", "too many connections");
       continue;
     }
     im.conns.insert(conn.get());

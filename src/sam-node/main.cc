@@ -64,7 +64,11 @@ void checkSecret(const samnode::SecretStore& secrets, const std::string& field,
     common::log::warn(
         "secret not readable now; requests that need it fail with "
         "secret-unavailable until it is",
-        {{"field", field}, {"error", e.what()}});
+        {{"field", field},
+         {"error", e.what()},
+         {"hint",
+          "the value is a reference (a file NAME under <data-dir>/secrets, file:///path, "
+          "env://VAR or keyring://ITEM), never the secret itself"}});
   }
 }
 
@@ -116,12 +120,14 @@ int run(const Options& opts) {
     return fail(kExitUsage, std::string("COMPASS_SECRET_PROVIDER: ") + e.what());
   }
 
-  // SIGTERM/SIGINT are taken by one thread with sigwait(): blocked here, before any other
-  // thread exists, so every thread inherits the mask and none is interrupted by them.
+  // SIGTERM/SIGINT/SIGHUP are taken by one thread with sigwait(): blocked here, before any
+  // other thread exists, so every thread inherits the mask and none is interrupted by them.
+  // SIGHUP stops cleanly too (there is no reload; its default action would leave the socket).
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 

@@ -93,7 +93,10 @@ void serveOpenai(Node& node, const Request& req, ResponseWriter& out) {
     try {
       up.headers.emplace_back("Authorization", "Bearer " + node.secrets.read(service->api_key));
     } catch (const SecretError& e) {
-      upstreamFailed(node, req, out, kRoute, service->name, "secret-unavailable", e.what());
+      // The agent is not told the reference or the path (an operator may have written the
+      // key itself where its reference belongs): those go to the node's log only.
+      upstreamFailed(node, req, out, kRoute, service->name, "secret-unavailable", e.what(),
+                     "the service's API key cannot be read (see the node's log)");
       return;
     }
   }

@@ -118,7 +118,8 @@ std::string_view pathProblem(std::string_view path) {
 }
 
 void upstreamFailed(Node& node, const Request& req, ResponseWriter& out, std::string_view route,
-                    std::string_view service, std::string_view reason, std::string_view detail) {
+                    std::string_view service, std::string_view reason, std::string_view detail,
+                    std::string_view shown) {
   common::log::error("upstream failed", {{"caller", req.agent},
                                          {"route", route},
                                          {"service", service},
@@ -127,10 +128,11 @@ void upstreamFailed(Node& node, const Request& req, ResponseWriter& out, std::st
   node.metrics.request(route, "error");
   noteAccess(service, "error", reason);
   if (out.started()) return;
-  const nlohmann::json body = {{"error",
-                                {{"message", std::string(service) + ": " + std::string(detail)},
-                                 {"type", "sam_node_upstream"},
-                                 {"code", reason}}}};
+  const nlohmann::json body = {
+      {"error",
+       {{"message", std::string(service) + ": " + std::string(shown.empty() ? detail : shown)},
+        {"type", "sam_node_error"},
+        {"code", reason}}}};
   out.send(502, {{"Content-Type", "application/json"}, {"Sam-Node-Reason", std::string(reason)}},
            body.dump());
 }

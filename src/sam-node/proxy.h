@@ -34,7 +34,7 @@ std::string_view pathProblem(std::string_view path);
 
 /// Sends `up` and streams the response to `out` as it arrives: with the upstream's
 /// Content-Length when it announced one, else chunked. Before the response head: an
-/// unreachable upstream is answered 502 {"error": {"type": "sam_node_upstream", ...}}, logged
+/// unreachable upstream is answered 502 {"error": {"type": "sam_node_error", ...}}, logged
 /// and counted as sam_node_requests_total{route, "error"}; otherwise counted "allowed". After
 /// the head, a failure ends the body early and the connection is closed (the client sees a
 /// truncated body).
@@ -42,8 +42,11 @@ void proxyStream(Node& node, const Request& req, ResponseWriter& out, std::strin
                  std::string_view service, const UpstreamRequest& up);
 
 /// 502 for an upstream failure (or a secret that cannot be read): logged with caller,
-/// service and reason, counted as an error of `route`.
+/// service, reason and `detail`, counted as an error of `route`. The answer's message is
+/// "<service>: <shown>", or "<service>: <detail>" when `shown` is empty: a detail that names
+/// a secret reference or a path on the node stays in the node's log.
 void upstreamFailed(Node& node, const Request& req, ResponseWriter& out, std::string_view route,
-                    std::string_view service, std::string_view reason, std::string_view detail);
+                    std::string_view service, std::string_view reason, std::string_view detail,
+                    std::string_view shown = {});
 
 }  // namespace samnode

@@ -179,10 +179,10 @@ class SamNode:
     def wait_exit(self, timeout=10.0):
         return self.proc.wait(timeout=timeout)
 
-    def stop(self, timeout=10.0):
-        """SIGTERM; returns the exit code."""
+    def stop(self, timeout=10.0, sig=signal.SIGTERM):
+        """`sig` (SIGTERM); returns the exit code."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(sig)
         return self.wait_exit(timeout)
 
     def close(self, grace=0.0):

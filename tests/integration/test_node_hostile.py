@@ -115,7 +115,16 @@ def test_pipelined_requests_each_answer_for_their_own_agent(sock):
     (b"GET /v1/models HTTP/1.1\r\nX-Sam-Agent : r\r\nConnection: close\r\n\r\n", 401),
 ])
 def test_malformed_or_oversized_requests_are_refused(sock, request_bytes, status):
-    assert raw(sock, request_bytes).startswith(f"HTTP/1.1 {status} ".encode())
+    answer = raw(sock, request_bytes)
+    assert answer.startswith(f"HTTP/1.1 {status} ".encode())
+    # The same refusal shape as every other (docs/sam-node.md): the reason in Sam-Node-Reason
+    # and as the body's code.
+    head, _, body = answer.partition(b"\r\n\r\n")
+    reason = [line.split(b":", 1)[1].strip().decode() for line in head.split(b"\r\n")[1:]
+              if line.lower().startswith(b"sam-node-reason:")]
+    assert len(reason) == 1, answer[:400]
+    error = json.loads(body)["error"]
+    assert error["type"] == "sam_node_refusal" and error["code"] == reason[0], error
 
 
 def test_chunked_body_over_the_cap_is_refused_and_the_node_lives(sock, world):

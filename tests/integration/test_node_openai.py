@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import secrets
+import signal
 import subprocess
 import threading
 
@@ -301,6 +302,15 @@ def test_a_live_nodes_socket_is_not_taken_and_a_stopped_node_removes_its_own(sam
     assert not os.path.exists(first.socket_path)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_sigint_and_sighup_stop_the_node_cleanly_too(sam_node, sig):  # noqa: F811
+    # There is no reload: SIGHUP (a closed terminal) stops like SIGTERM, socket removed.
+    n = sam_node({"version": "v1", "services": [], "roles": []}, metrics=False)
+    assert n.stop(sig=sig) == 0
+    assert not os.path.exists(n.socket_path)
+    assert any(line.get("msg") == "sam-node stopping" for line in n.logs())
+
+
 def test_missing_default_config_is_named(sam_node):  # noqa: F811
     n = sam_node({"version": "v1", "services": [], "roles": []}, start=False)
     n.args = ["run", f"--socket-path={n.socket_path}", f"--data-dir={n.dir}"]
@@ -320,6 +330,9 @@ def test_unreadable_secret_is_a_startup_warning_and_a_502_when_used(sam_node):  
     status, headers, body = n.request("POST", "/v1/chat/completions", agent=AGENT_ID,
                                       body={"model": "chat"})
     assert status == 502 and headers["sam-node-reason"] == "secret-unavailable", body
+    # The agent is not told the reference (an operator may have written the key itself there).
+    assert b"COMPASS_TEST_UNSET_KEY" not in body, body
+    assert json.loads(body)["error"]["type"] == "sam_node_error", body
 
 
 def test_unreachable_model_server_is_502(sam_node):  # noqa: F811

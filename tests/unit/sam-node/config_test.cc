@@ -147,6 +147,10 @@ TEST(ConfigTest, RefusalsNameTheField) {
        "http://"},
       {edited("http://127.0.0.1:8002/mcp", "http://"), "services[1].target_url", "http://"},
       {edited("http://127.0.0.1:8002/mcp", "127.0.0.1:8002"), "services[1].target_url", "http://"},
+      // libcurl would read the path as the host ("v1").
+      {edited("http://127.0.0.1:8002/mcp", "http:///v1"), "services[1].target_url", "host"},
+      {edited("http://127.0.0.1:8002/mcp", "http://127.0.0.1:99999/v1"), "services[1].target_url",
+       "1..65535"},
       {edited("http://127.0.0.1:8002/mcp", "http://h/x?q=1"), "services[1].target_url", "query"},
       {edited("    target_url: http://127.0.0.1:7080", "    target_url: http://h\n    api_key: k"),
        "services[2].api_key", "only an openai"},
