@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 
+#include "nano-init/agent_filter.h"
 #include "nano-init/errors.h"
 
 namespace nanoinit {
@@ -115,6 +116,11 @@ pid_t Supervisor::spawn(const std::vector<std::string>& argv,
     if (::close_range(3, ~0U, 0) != 0) {
       std::fprintf(stderr, "nano-init: refusing to start %s: close_range: %s\n", args[0],
                    std::strerror(errno));
+      ::_exit(126);
+    }
+    // Last before the exec: the filter holds for the agent and everything it starts.
+    if (const std::string e = installAgentFilter(); !e.empty()) {
+      std::fprintf(stderr, "nano-init: refusing to start %s: seccomp: %s\n", args[0], e.c_str());
       ::_exit(126);
     }
     ::execvp(args[0], args.data());

@@ -88,6 +88,40 @@ def test_is_pid1_and_child_has_no_capabilities(nano, dummy_boundary):
     assert fields["NoNewPrivs"].strip() == "1"
 
 
+# What no egress rule can see stays shut for the agent (src/nano-init/agent_filter.h): a user
+# namespace (its own nf_tables and netlink), an AF_VSOCK socket (outside every netns); forks,
+# threads and subprocesses still work (clone3 answers ENOSYS and glibc falls back to clone).
+FILTER_PROBE = r"""
+import ctypes, os, socket, subprocess, threading
+out = []
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.unshare(0x10000000) == 0:  # CLONE_NEWUSER
+    out.append("userns OPEN")
+else:
+    out.append(f"userns errno {ctypes.get_errno()}")
+try:
+    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    out.append("vsock OPEN")
+except OSError as e:
+    out.append(f"vsock errno {e.errno}")
+t = threading.Thread(target=lambda: out.append("thread ok"))
+t.start()
+t.join()
+out.append("fork " + str(subprocess.run(["sh", "-c", "exit 3"]).returncode))
+print(";".join(out))
+"""
+FILTER_EXPECTED = "userns errno 1;vsock errno 97;thread ok;fork 3"
+
+
+def test_agent_gets_no_user_namespace_and_no_vsock(nano, dummy_boundary):
+    r = run_nano(dummy_boundary.path, ["python3", "-c", FILTER_PROBE])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == FILTER_EXPECTED, r.stdout
+    # Also through unshare(1), as an agent would try it.
+    r = run_nano(dummy_boundary.path, ["unshare", "-Ur", "true"])
+    assert r.returncode != 0 and "Operation not permitted" in r.stderr, r
+
+
 def test_inherited_descriptors_do_not_reach_the_agent(nano, dummy_boundary):
     """A descriptor nano-init's launcher leaked (here a pipe at fd 47) must not cross into the
     agent: an open socket in the host's netns would be a way around tun0."""
@@ -192,6 +226,12 @@ def test_supervise_runs_the_agent_as_the_user_with_no_capability_or_group(sup_di
     for key in ("CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb"):
         assert int(fields[key], 16) == 0, f"{key} = {fields[key]}"
     assert fields["NoNewPrivs"] == "1"
+
+
+def test_supervise_gives_the_agent_no_user_namespace_and_no_vsock(sup_dir):
+    r = run_supervise(["python3", "-c", FILTER_PROBE])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == FILTER_EXPECTED, r.stdout
 
 
 def test_supervise_touches_no_network(sup_dir):

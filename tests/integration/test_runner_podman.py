@@ -8,6 +8,7 @@ sam-box and nano-init beside it in the build tree, or COMPASS_SAM_BOX / COMPASS_
 The default image is built once (`compass-runner image build`, cached by podman).
 """
 
+import errno
 import json
 import os
 import pathlib
@@ -222,7 +223,13 @@ res.update({
   "isatty": [os.isatty(0), os.isatty(1), os.isatty(2)],
   "uid": os.getuid(),
   "tun_dev": os.path.exists("/dev/net/tun"),
+  "unshare_user": run("unshare", "-Urn", "true"),
 })
+try:
+    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    res["vsock"] = "open"
+except OSError as e:
+    res["vsock"] = e.errno
 print("PROBES " + json.dumps(res))
 '''
     r = run_agent("python3", "-c", script, timeout=300)
@@ -290,6 +297,13 @@ def test_agent_cannot_change_the_network(probes):
     for key in ("nft_flush", "ip_link_add", "ip_addr_add"):
         assert probes[key]["rc"] != 0, (key, probes[key])
         assert "Operation not permitted" in probes[key]["err"], (key, probes[key])
+
+
+def test_agent_gets_no_user_namespace_and_no_vsock(probes):
+    # podman's own seccomp profile allows both; nano-init's filter does not (agent_filter.h).
+    assert probes["unshare_user"]["rc"] != 0, probes["unshare_user"]
+    assert "Operation not permitted" in probes["unshare_user"]["err"], probes["unshare_user"]
+    assert probes["vsock"] == errno.EAFNOSUPPORT, probes["vsock"]
 
 
 def test_agent_has_no_capability_and_no_new_privileges(probes):
