@@ -76,6 +76,9 @@ std::vector<std::string> runArgs(const RunSpec& spec) {
   };
   if (spec.pass_fds > 0) a.insert(a.end(), {"--preserve-fds", std::to_string(spec.pass_fds)});
   for (const auto& d : spec.dns) a.insert(a.end(), {"--dns", d});
+  // No search domain: podman would copy the host's `search` line, which tells the agent the
+  // host's domain and multiplies every refused lookup by its length.
+  if (!spec.dns.empty()) a.insert(a.end(), {"--dns-search", "."});
   if (spec.resources.memory_bytes) {
     // Swap equal to memory: the limit is the limit (podman's default doubles it).
     const std::string m = memoryFlag(*spec.resources.memory_bytes);

@@ -57,6 +57,7 @@ TEST(PodmanRunArgs, BoundaryAgent) {
   EXPECT_EQ(valuesOf(a, "--cap-drop"), V{"all"});
   EXPECT_EQ(valuesOf(a, "--security-opt"), V{"no-new-privileges"});
   EXPECT_EQ(valuesOf(a, "--dns"), V{"100.127.255.253"});
+  EXPECT_EQ(valuesOf(a, "--dns-search"), V{"."});  // not the host's search domain
   EXPECT_EQ(valuesOf(a, "--pull"), V{"never"});
   EXPECT_EQ(valuesOf(a, "--pids-limit"), V{std::to_string(kDefaultPids)});
   EXPECT_TRUE(has(a, "--no-hosts"));
