@@ -242,8 +242,13 @@ std::string hostNatRuleset(const std::string& id, const std::string& host_veth,
   // The host's own services stay out of the sandbox's reach even without the netns ruleset:
   // only its resolver (and neighbour discovery) answers on the host end.
   rule(in + "ct state established,related accept");
-  rule(in + "ip daddr " + net.host4 + " meta l4proto { tcp, udp } th dport 53 accept");
-  rule(in + "ip6 daddr " + net.host6 + " meta l4proto { tcp, udp } th dport 53 accept");
+  // `socket wildcard 0`: only a socket bound to the resolver's own address (the runner's
+  // forwarder) receives it, never a host service on 0.0.0.0:53 or [::]:53, such as a local
+  // dnsmasq, even when the runner was killed and its forwarder is gone.
+  rule(in + "ip daddr " + net.host4 +
+       " meta l4proto { tcp, udp } th dport 53 socket wildcard 0 accept");
+  rule(in + "ip6 daddr " + net.host6 +
+       " meta l4proto { tcp, udp } th dport 53 socket wildcard 0 accept");
   rule(in + "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } accept");
   rule(in + "drop");
   // The resolver serves its sandbox only: nothing that arrives by another interface (a LAN

@@ -209,8 +209,8 @@ TEST(HostNatRuleset, Golden) {
   chain input {
     type filter hook input priority filter; policy accept;
     iifname "cva0123456789" ct state established,related accept
-    iifname "cva0123456789" ip daddr 10.231.0.5 meta l4proto { tcp, udp } th dport 53 accept
-    iifname "cva0123456789" ip6 daddr fd5a:7c3e:91b4:1::1 meta l4proto { tcp, udp } th dport 53 accept
+    iifname "cva0123456789" ip daddr 10.231.0.5 meta l4proto { tcp, udp } th dport 53 socket wildcard 0 accept
+    iifname "cva0123456789" ip6 daddr fd5a:7c3e:91b4:1::1 meta l4proto { tcp, udp } th dport 53 socket wildcard 0 accept
     iifname "cva0123456789" icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } accept
     iifname "cva0123456789" drop
     iifname != "cva0123456789" ip daddr 10.231.0.5 drop
