@@ -183,14 +183,13 @@ class FirewallEgress final : public Egress {
     named(name, fn);
   }
 
-  // Runs `fn`; a failure becomes RunnerError("egress firewall: <name>: <reason>").
+  // Runs `fn`; a failure becomes RunnerError("egress firewall: <name>: <reason>"), the name
+  // said once even when the reason already begins with it (stepMessage()).
   static void named(const std::string& name, const std::function<void()>& fn) {
     try {
       fn();
-    } catch (const RunnerError& e) {
-      throw RunnerError("egress firewall: " + name + ": " + e.what());
     } catch (const std::exception& e) {
-      throw RunnerError("egress firewall: " + name + ": " + e.what());
+      throw RunnerError("egress firewall: " + stepMessage(name, e.what()));
     }
   }
 
