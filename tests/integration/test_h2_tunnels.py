@@ -42,7 +42,12 @@ class H2Client:
     def flush(self):
         out = self.conn.data_to_send()
         if out:
-            self.sock.sendall(out)
+            try:
+                self.sock.sendall(out)
+            except (BrokenPipeError, ConnectionResetError):
+                # The box closed after its GOAWAY while our answer to an earlier frame (a
+                # SETTINGS ACK) was on its way: what it sent is still ours to read.
+                pass
 
     def pump(self):
         try:
