@@ -120,4 +120,12 @@ class HttpServer {
 /// Convenience: a JSON response.
 bool sendJson(ResponseWriter& out, int status, const std::string& json);
 
+/// The answer every refusal and failure gives (docs/sam-node.md): status `status`, body
+/// {"error": {"message": message, "type": type, "code": reason}}, and `reason` (kebab case)
+/// in Sam-Node-Reason. `type` is "sam_node_refusal" (the request was refused) or
+/// "sam_node_error" (allowed, but the node or an upstream failed). Bytes of `message` that are
+/// not UTF-8 are replaced by U+FFFD. Returns what ResponseWriter::send() returns.
+bool sendProblem(ResponseWriter& out, int status, std::string_view type, std::string_view reason,
+                 std::string_view message);
+
 }  // namespace samnode

@@ -320,18 +320,12 @@ void finishRequest(Request& req) {
   req.agent = findHeader(req.headers, "x-sam-agent").value_or("");
 }
 
-// The same shape as the router's answers (docs/sam-node.md): a refusal (4xx, 503) is
-// {"error": {message, type "sam_node_refusal", code}} with the code in Sam-Node-Reason; the
-// node's own failure (500) has type "sam_node_error".
+// Before routing, in the router's shape (sendProblem()): a refusal (4xx, 503), or the node's
+// own failure (500, type "sam_node_error").
 void sendError(int fd, int status, std::string_view reason, std::string_view message) {
   ConnWriter out(fd, false, false, false);
-  const nlohmann::json body = {
-      {"error",
-       {{"message", message},
-        {"type", status >= 500 && status != 503 ? "sam_node_error" : "sam_node_refusal"},
-        {"code", reason}}}};
-  out.send(status, {{"Content-Type", "application/json"}, {"Sam-Node-Reason", std::string(reason)}},
-           body.dump());
+  sendProblem(out, status, status >= 500 && status != 503 ? "sam_node_error" : "sam_node_refusal",
+              reason, message);
 }
 
 }  // namespace
@@ -344,6 +338,14 @@ std::optional<std::string> findHeader(const Headers& headers, std::string_view n
 
 bool sendJson(ResponseWriter& out, int status, const std::string& json) {
   return out.send(status, {{"Content-Type", "application/json"}}, json);
+}
+
+bool sendProblem(ResponseWriter& out, int status, std::string_view type, std::string_view reason,
+                 std::string_view message) {
+  const nlohmann::json body = {{"error", {{"message", message}, {"type", type}, {"code", reason}}}};
+  return out.send(status,
+                  {{"Content-Type", "application/json"}, {"Sam-Node-Reason", std::string(reason)}},
+                  body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 bool stopRequested() { return tl_stopping != nullptr && tl_stopping->load(); }

@@ -226,10 +226,7 @@ struct Operations::Impl {
     log::error("operation failed", fields);
     node.metrics.operation(op, "error");
     node.metrics.request("ops", "error");
-    json body = {{"error", {{"message", message}, {"type", "sam_node_error"}, {"code", reason}}}};
-    out.send(status,
-             {{"Content-Type", "application/json"}, {"Sam-Node-Reason", std::string(reason)}},
-             body.dump(-1, ' ', false, json::error_handler_t::replace));
+    sendProblem(out, status, "sam_node_error", reason, message);
   }
 
   void spawn(const Request& req, ResponseWriter& out, const json& body) {

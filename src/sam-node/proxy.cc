@@ -128,13 +128,8 @@ void upstreamFailed(Node& node, const Request& req, ResponseWriter& out, std::st
   node.metrics.request(route, "error");
   noteAccess(service, "error", reason);
   if (out.started()) return;
-  const nlohmann::json body = {
-      {"error",
-       {{"message", std::string(service) + ": " + std::string(shown.empty() ? detail : shown)},
-        {"type", "sam_node_error"},
-        {"code", reason}}}};
-  out.send(502, {{"Content-Type", "application/json"}, {"Sam-Node-Reason", std::string(reason)}},
-           body.dump());
+  sendProblem(out, 502, "sam_node_error", reason,
+              std::string(service) + ": " + std::string(shown.empty() ? detail : shown));
 }
 
 void proxyStream(Node& node, const Request& req, ResponseWriter& out, std::string_view route,

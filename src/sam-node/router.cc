@@ -92,10 +92,7 @@ void refuse(Node& node, const Request& req, ResponseWriter& out, std::string_vie
   node.metrics.refusal(reason);
   node.metrics.request(route, "denied");
   noteAccess({}, "denied", reason);
-  const nlohmann::json body = {
-      {"error", {{"message", message}, {"type", "sam_node_refusal"}, {"code", reason}}}};
-  out.send(status, {{"Content-Type", "application/json"}, {"Sam-Node-Reason", std::string(reason)}},
-           body.dump());
+  sendProblem(out, status, "sam_node_refusal", reason, message);
 }
 
 namespace {
