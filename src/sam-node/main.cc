@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <thread>
 
 #include "common/log.h"
@@ -85,6 +86,41 @@ void validateSecrets(const samnode::Config& config, const samnode::SecretStore& 
   }
 }
 
+// Whether `program` can be executed as posix_spawnp(3) would find it (a name with a slash as
+// it is, a bare name on PATH).
+bool executable(const std::string& program) {
+  if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0;
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path != nullptr ? path : "/usr/bin:/bin";
+  while (!dirs.empty()) {
+    const size_t colon = dirs.find(':');
+    const std::string dir(dirs.substr(0, colon));
+    if (::access(((dir.empty() ? "." : dir) + "/" + program).c_str(), X_OK) == 0) return true;
+    dirs = colon == std::string_view::npos ? "" : dirs.substr(colon + 1);
+  }
+  return false;
+}
+
+// The spawn templates' runner and bundles, looked at before serving: like a secret's value,
+// they are read when used and may appear later, so what is missing now is a warning that
+// names the field, not a 502 found at the first spawn.
+void checkSpawnTemplates(const samnode::Config& config) {
+  if (config.spawn.empty()) return;
+  if (!executable(config.runner)) {
+    common::log::warn("runner not found; spawn fails with spawn-failed until it is",
+                      {{"field", "runner"}, {"runner", config.runner}});
+  }
+  for (size_t i = 0; i < config.spawn.size(); ++i) {
+    std::string why;
+    if (!common::readRegularFile(config.spawn[i].bundle, 1 << 20, &why)) {
+      common::log::warn("spawn template's bundle not readable now; its spawns fail until it is",
+                        {{"field", "spawn[" + std::to_string(i) + "].bundle"},
+                         {"bundle", config.spawn[i].bundle},
+                         {"error", why}});
+    }
+  }
+}
+
 int run(const Options& opts) {
   if (!opts.bind_addr.empty())
     return fail(kExitUsage,
@@ -113,6 +149,7 @@ int run(const Options& opts) {
     samnode::Config config = samnode::loadConfig(opts.config);
     samnode::SecretStore secrets(opts.data_dir, provider);
     validateSecrets(config, secrets);
+    checkSpawnTemplates(config);
     node = std::make_unique<samnode::Node>(std::move(config), std::move(secrets));
   } catch (const samnode::ConfigError& e) {
     return fail(kExitUsage, e.what());

@@ -412,3 +412,28 @@ def test_a2a_is_advertised_only_while_its_card_answers(sam_node):  # noqa: F811
     status, headers, _ = n.request("GET", "/a2a/reviewer/tasks/1", agent=AGENT_ID)
     assert status == 503 and headers["sam-node-reason"] == "service-not-ready"
     assert n.metric('sam_node_a2a_ready{service="reviewer"}') == 0
+
+
+def test_spawn_templates_missing_runner_or_bundle_are_warned_at_start(sam_node):  # noqa: F811
+    """Read when used, like a secret's value: a missing runner or bundle does not stop the
+    node, but the log names the field at start rather than leaving it to the first spawn."""
+    n = sam_node({"version": "v1",
+                  "spawn": [{"name": "w", "bundle": "/nonexistent/w.yaml", "backend": "host",
+                             "command": ["true"]}],
+                  "runner": "/nonexistent/compass-runner",
+                  "roles": [{"name": "r", "allowed_agents": [AGENT_ID], "spawn": ["w"]}]},
+                 metrics=False)
+    warnings = {line.get("field"): line for line in n.logs() if line.get("level") == "warn"}
+    assert warnings["runner"]["runner"] == "/nonexistent/compass-runner", warnings
+    assert warnings["spawn[0].bundle"]["bundle"] == "/nonexistent/w.yaml", warnings
+    assert n.stop() == 0
+
+
+def test_a_role_that_would_grant_nothing_is_refused_at_start(sam_node):  # noqa: F811
+    n = sam_node({"version": "v1",
+                  "services": [{"name": "fs", "type": "mcp", "target_url": "http://127.0.0.1:9/"}],
+                  "roles": [{"name": "r", "allowed_agents": [AGENT_ID], "tools": ["fs/read*"],
+                             "services": ["fs"]}]}, start=False)
+    n.spawn()
+    assert n.wait_exit() == 2
+    assert "roles[0].tools[0]" in n.stderr_text() and "one exact name" in n.stderr_text()

@@ -170,6 +170,21 @@ TEST(ConfigTest, RefusalsNameTheField) {
       {edited("\"fs/read_file\"", "\"chat/x\""), "roles[0].tools[0]", "not an mcp service"},
       {edited("\"fs/read_file\"", "\"fs\""), "roles[0].tools[0]", "<service>/<tool>"},
       {edited("spawn: [reviewer]", "spawn: [writer]"), "roles[0].spawn[0]", "no spawn template"},
+      // Grants that would load but grant nothing, or not what they appear to.
+      {edited("\"fs/read_file\"", "\"fs/read*\""), "roles[0].tools[0]", "one exact name"},
+      {edited("\"fs/read_file\"", "\"fs/*_file\""), "roles[0].tools[0]", "one exact name"},
+      {edited("\"fs/read_file\"", "\"fs/read file\""), "roles[0].tools[0]", "no spaces"},
+      {edited("services: [chat, fs, code-reviewer]", "services: [chat, code-reviewer]"),
+       "roles[0].tools[0]", "\"fs\" is not in this role's services"},
+      {edited("allowed_agents: [researcher-1.prod.acme.example, \"*.c1.acme.example\"]",
+              "allowed_agents: []"),
+       "roles[0].allowed_agents", "at least one agent"},
+      {edited("    allowed_agents: [researcher-1.prod.acme.example, \"*.c1.acme.example\"]\n", ""),
+       "roles[0].allowed_agents", "grants nothing"},
+      {edited("backend: podman", "backend: docker"), "spawn[0].backend", "podman, microvm or host"},
+      {edited("backend: podman", "backend: apple-container"), "spawn[0].backend",
+       "got \"apple-container\""},
+      {edited("backend: podman", "backend: Podman"), "spawn[0].backend", "podman, microvm"},
       {edited("      - name: github-token\n        dest", "      - name: gitlab\n        dest"),
        "roles[0].secrets[0].name", "no secret named"},
       {edited("api.github.com,", "10.0.0.1,"), "roles[0].secrets[0].destinations[0]", "10.0.0.1"},
@@ -223,7 +238,8 @@ TEST(ConfigTest, AllowDestinationsTakesCidrsLikeSamBox) {
 
 TEST(ConfigTest, DuplicateRoleNames) {
   const std::string yaml =
-      "version: v1\nroles:\n  - name: a\n    allowed_agents: [x.example]\n  - name: a\n";
+      "version: v1\nroles:\n  - name: a\n    allowed_agents: [x.example]\n  - name: a\n    "
+      "allowed_agents: [y.example]\n";
   EXPECT_THAT(refusal(yaml), StartsWith("roles[1].name: duplicate name"));
 }
 
