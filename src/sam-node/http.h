@@ -21,8 +21,14 @@ namespace samnode {
 
 /// Largest request body buffered (bytes); a larger one is answered 413.
 inline constexpr size_t kMaxRequestBody = size_t{16} * 1024 * 1024;
-/// Most connections served at once; the next one is answered 503 and closed.
+/// Most connections served at once. At the limit, the connection that has waited longest
+/// between requests (idle keep-alive) is closed to make room ("idle-evicted"); if none is
+/// idle, the new one is answered 503 and closed ("too-many-connections").
 inline constexpr size_t kMaxConnections = 256;
+/// Most connections one peer process (SO_PEERCRED pid: one sam-box, i.e. one agent) holds at
+/// once; its next one is answered 503 and closed ("too-many-connections"), so one agent
+/// cannot take every slot of the node from the others.
+inline constexpr size_t kMaxConnectionsPerPeer = 64;
 /// A keep-alive connection with no request for this long is closed (refusal reason
 /// "idle-timeout"). The node's clients are the host's sam-boxes, which reconnect on demand;
 /// the limit only reclaims threads of boxes that went away without closing. Also bounds each
@@ -37,11 +43,14 @@ inline constexpr std::chrono::milliseconds kRequestHeadTimeout = std::chrono::se
 struct ServerLimits {
   std::chrono::milliseconds idle_timeout = kIdleTimeout;
   std::chrono::milliseconds head_timeout = kRequestHeadTimeout;
+  size_t connections = kMaxConnections;
+  size_t connections_per_peer = kMaxConnectionsPerPeer;
 };
 
 /// Told the kebab-case reason of every request or connection the server itself refuses or
 /// closes at a limit ("malformed-request", "head-too-large", "body-too-large",
-/// "too-many-connections", "upgrade-not-supported", "idle-timeout", "request-head-timeout");
+/// "too-many-connections", "upgrade-not-supported", "idle-timeout", "idle-evicted",
+/// "request-head-timeout");
 /// the node counts them in
 /// sam_node_refusals_total. Called from connection threads: must be thread-safe.
 using RefusalCounter = std::function<void(std::string_view reason)>;

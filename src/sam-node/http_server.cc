@@ -1,6 +1,7 @@
 #include <fcntl.h>
 #include <llhttp.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -13,8 +14,8 @@
 #include <condition_variable>
 #include <cstring>
 #include <initializer_list>
+#include <map>
 #include <mutex>
-#include <set>
 #include <span>
 #include <stdexcept>
 #include <thread>
@@ -22,6 +23,7 @@
 #include "common/log.h"
 #include "common/unique_fd.h"
 #include "proto/http_syntax.h"
+#include "sam-node/conn_writer.h"
 #include "sam-node/http.h"
 
 namespace samnode {
@@ -35,193 +37,6 @@ using Clock = std::chrono::steady_clock;
 
 // The stop flag of the server whose connection this thread serves (stopRequested()).
 thread_local const std::atomic<bool>* tl_stopping = nullptr;
-
-std::string_view reasonPhrase(int status) {
-  static constexpr std::pair<int, std::string_view> kPhrases[] = {
-      {100, "Continue"},
-      {200, "OK"},
-      {201, "Created"},
-      {202, "Accepted"},
-      {204, "No Content"},
-      {206, "Partial Content"},
-      {301, "Moved Permanently"},
-      {302, "Found"},
-      {304, "Not Modified"},
-      {307, "Temporary Redirect"},
-      {308, "Permanent Redirect"},
-      {400, "Bad Request"},
-      {401, "Unauthorized"},
-      {403, "Forbidden"},
-      {404, "Not Found"},
-      {405, "Method Not Allowed"},
-      {408, "Request Timeout"},
-      {409, "Conflict"},
-      {413, "Content Too Large"},
-      {415, "Unsupported Media Type"},
-      {422, "Unprocessable Content"},
-      {429, "Too Many Requests"},
-      {431, "Request Header Fields Too Large"},
-      {500, "Internal Server Error"},
-      {501, "Not Implemented"},
-      {502, "Bad Gateway"},
-      {503, "Service Unavailable"},
-      {504, "Gateway Timeout"}};
-  for (const auto& [code, phrase] : kPhrases)
-    if (code == status) return phrase;
-  return "Status";
-}
-
-// Fields the writer owns (RFC 9110 §7.6.1 connection-specific fields and framing).
-bool isHopByHop(std::string_view name) {
-  for (std::string_view h : {"connection", "transfer-encoding", "content-length", "keep-alive",
-                             "proxy-connection", "te", "trailer", "upgrade"})
-    if (proto::equalsIgnoreCase(name, h)) return true;
-  return false;
-}
-
-// Sends every byte of `parts` in as few syscalls as the socket takes (one, for a response
-// that fits its buffer): the client wakes once per response instead of once per piece.
-constexpr size_t kMaxParts = 4;
-
-bool writeAll(int fd, std::span<const std::string_view> parts) {
-  iovec iov[kMaxParts];
-  size_t count = 0;
-  for (std::string_view p : parts.first(std::min(parts.size(), kMaxParts)))
-    if (!p.empty()) iov[count++] = {const_cast<char*>(p.data()), p.size()};  // NOLINT: C API
-  size_t first = 0;
-  while (first < count) {
-    msghdr msg{};
-    msg.msg_iov = iov + first;
-    msg.msg_iovlen = count - first;
-    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    while (first < count && static_cast<size_t>(n) >= iov[first].iov_len) {
-      n -= static_cast<ssize_t>(iov[first].iov_len);
-      ++first;
-    }
-    if (first < count) {
-      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + n;
-      iov[first].iov_len -= static_cast<size_t>(n);
-    }
-  }
-  return true;
-}
-
-bool writeAll(int fd, std::string_view data) { return writeAll(fd, std::span(&data, 1)); }
-
-class ConnWriter : public ResponseWriter {
- public:
-  /// `refusals` (may be null) counts fields begin() refuses to write.
-  ConnWriter(int fd, bool keep_alive, bool http10, bool head,
-             const RefusalCounter* refusals = nullptr)
-      : fd_(fd), keep_alive_(keep_alive), http10_(http10), head_(head), refusals_(refusals) {}
-
-  bool send(int status, const Headers& headers, std::string_view body) override {
-    if (!begin(status, headers, body.size())) return false;
-    if (!write(body)) return false;
-    return finish();
-  }
-
-  bool begin(int status, const Headers& headers, std::optional<size_t> content_length) override {
-    if (started_) return false;
-    started_ = true;
-    status_ = status;
-    no_body_ = head_ || status == 204 || status == 304 || (status >= 100 && status < 200);
-    std::string out = "HTTP/1.1 " + std::to_string(status) + " ";
-    out += reasonPhrase(status);
-    out += "\r\n";
-    size_t refused = 0;
-    for (const auto& [name, value] : headers) {
-      if (isHopByHop(name)) continue;
-      if (!proto::isToken(name) || !proto::isFieldValue(value)) {
-        // Written as is, a CR or LF would end the line early: the client would read a field
-        // (or a body) nobody sent.
-        ++refused;
-        continue;
-      }
-      out += name + ": " + value + "\r\n";
-    }
-    if (refused > 0) {
-      common::log::warn(
-          "response field refused",
-          {{"reason", "bad-response-field"}, {"status", status}, {"fields", refused}});
-      if (refusals_ != nullptr && *refusals_) (*refusals_)("bad-response-field");
-    }
-    if (content_length) {
-      remaining_ = *content_length;
-      if (status != 204 && status != 304)
-        out += "Content-Length: " + std::to_string(*content_length) + "\r\n";
-    } else if (!no_body_) {
-      // An HTTP/1.0 client cannot read chunks: the body ends when the connection closes.
-      chunked_ = !http10_;
-      if (!chunked_) keep_alive_ = false;
-      if (chunked_) out += "Transfer-Encoding: chunked\r\n";
-    }
-    out += keep_alive_ ? (http10_ ? "Connection: keep-alive\r\n" : "") : "Connection: close\r\n";
-    out += "\r\n";
-    // A head announcing a length goes out with the first body bytes (one wake-up of the client
-    // per response); a streamed (chunked) head goes now, so the client sees the answer start
-    // even if the first event takes a while.
-    pending_head_ = std::move(out);
-    if (!content_length || *content_length == 0 || no_body_) return flushHead();
-    return true;
-  }
-
-  bool write(std::string_view data) override {
-    if (!started_ || finished_ || !ok_) return false;
-    if (data.empty() || no_body_) return flushHead();
-    if (remaining_) {
-      if (data.size() > *remaining_) return ok_ = false;  // more than announced: a bug upstream
-      *remaining_ -= data.size();
-      return send({data});
-    }
-    if (chunked_) {
-      char size[32];
-      const int n = std::snprintf(size, sizeof size, "%zx\r\n", data.size());
-      return send({std::string_view(size, static_cast<size_t>(n)), data, "\r\n"});
-    }
-    return send({data});
-  }
-
-  bool finish() override {
-    if (!started_ || finished_ || !ok_) return false;
-    finished_ = true;
-    if (remaining_ && *remaining_ != 0 && !no_body_) return ok_ = false;
-    if (chunked_) return send({"0\r\n\r\n"});
-    return flushHead();
-  }
-
-  [[nodiscard]] bool started() const override { return started_; }
-  [[nodiscard]] int status() const override { return status_; }
-  /// True if the connection may carry another request after this response.
-  [[nodiscard]] bool reusable() const { return ok_ && finished_ && keep_alive_; }
-
- private:
-  // Sends the head if it is still held back, followed by `parts`, in one go.
-  bool send(std::initializer_list<std::string_view> parts) {
-    if (!ok_) return false;
-    std::string_view pieces[kMaxParts];
-    size_t n = 0;
-    if (!pending_head_.empty()) pieces[n++] = pending_head_;
-    for (std::string_view p : parts)
-      if (n < kMaxParts) pieces[n++] = p;
-    ok_ = writeAll(fd_, std::span<const std::string_view>(pieces, n));
-    pending_head_.clear();
-    return ok_;
-  }
-  bool flushHead() { return pending_head_.empty() ? ok_ : send({}); }
-
-  int fd_;
-  bool keep_alive_, http10_, head_;
-  const RefusalCounter* refusals_;
-  int status_ = 0;
-  bool started_ = false, finished_ = false, ok_ = true, chunked_ = false, no_body_ = false;
-  std::optional<size_t> remaining_;
-  std::string pending_head_;  // the head, until the first body bytes go with it
-};
 
 // Parser state of one connection; llhttp calls back into it.
 struct Parse {
@@ -361,7 +176,16 @@ struct HttpServer::Impl {
   common::UniqueFd wake_read, wake_write;
   std::mutex mu;
   std::condition_variable idle;
-  std::set<int> conns;  // open connection fds, shut down by stop()
+  // One open connection. `idle`: its thread waits for the first byte of a next request (the
+  // only state in which it may be closed to make room); `evicted`: it was, and its thread
+  // leaves without reading more.
+  struct Conn {
+    pid_t peer = 0;
+    bool idle = false;
+    bool evicted = false;
+    Clock::time_point idle_since;
+  };
+  std::map<int, Conn> conns;  // by fd: shut down by stop()
   std::atomic<bool> stopping{false};
 
   void serveConnection(common::UniqueFd fd);
@@ -376,7 +200,54 @@ struct HttpServer::Impl {
   // request head is incomplete, else the idle limit. False if the limit passed (answered and
   // counted here) or the socket failed.
   bool awaitBytes(int fd, const Parse& state);
+  // The connection `fd` waits between requests (may be evicted) or not. setIdle(fd, false) is
+  // false when it was evicted meanwhile: its thread must then stop.
+  bool setIdle(int fd, bool idle);
+  // Under `mu`, a new connection from `peer` is to be added: false (with the reason for the
+  // log) if it must be refused; at the total limit, evicts the longest-idle connection.
+  bool admit(pid_t peer, std::string& refusal);
 };
+
+bool HttpServer::Impl::setIdle(int fd, bool now_idle) {
+  std::lock_guard lock(mu);
+  const auto it = conns.find(fd);
+  if (it == conns.end() || it->second.evicted) return false;
+  Conn& c = it->second;
+  if (now_idle && !c.idle) c.idle_since = Clock::now();
+  c.idle = now_idle;
+  return true;
+}
+
+bool HttpServer::Impl::admit(pid_t peer, std::string& refusal) {
+  size_t from_peer = 0;
+  for (const auto& [fd, c] : conns) from_peer += c.peer == peer && !c.evicted ? 1 : 0;
+  if (from_peer >= limits.connections_per_peer) {
+    refusal = "connections from one peer process";
+    return false;
+  }
+  if (conns.size() < limits.connections) return true;
+  auto oldest = conns.end();
+  for (auto it = conns.begin(); it != conns.end(); ++it) {
+    // Bytes already waiting are a request its thread has not read yet: not idle.
+    int pending = 0;
+    if (::ioctl(it->first, FIONREAD, &pending) != 0 || pending > 0) continue;
+    if (it->second.idle && !it->second.evicted &&
+        (oldest == conns.end() || it->second.idle_since < oldest->second.idle_since))
+      oldest = it;
+  }
+  if (oldest == conns.end()) {
+    refusal = "connections";
+    return false;
+  }
+  // Its thread sees the end of the stream (or `evicted` once it wakes) and closes it: an
+  // ordinary end of keep-alive (RFC 9112 §9.5) for a client between requests.
+  oldest->second.evicted = true;
+  ::shutdown(oldest->first, SHUT_RDWR);
+  common::log::info("connection closed",
+                    {{"reason", "idle-evicted"}, {"peer_pid", oldest->second.peer}});
+  if (refusals) refusals("idle-evicted");
+  return true;
+}
 
 bool HttpServer::Impl::awaitBytes(int fd, const Parse& state) {
   const bool in_head = state.in_message && !state.head_complete;
@@ -435,7 +306,9 @@ void HttpServer::Impl::serveConnection(common::UniqueFd fd) {
   std::string buffer(kReadBuffer, '\0');
   bool open = true;
   while (open && !stopping.load()) {
+    if (!state.in_message && !setIdle(fd.get(), true)) break;
     if (!awaitBytes(fd.get(), state)) break;
+    if (!state.in_message && !setIdle(fd.get(), false)) break;
     const ssize_t n = ::recv(fd.get(), buffer.data(), buffer.size(), 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -570,14 +443,22 @@ void HttpServer::serve() {
     if ((fds[0].revents & POLLIN) == 0) continue;
     common::UniqueFd conn(::accept4(im.listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!conn.valid()) continue;  // EINTR, ECONNABORTED, EMFILE: keep accepting
+    ucred cred{};
+    socklen_t cred_len = sizeof cred;
+    if (::getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0) cred.pid = 0;
     std::unique_lock lock(im.mu);
-    if (im.conns.size() >= kMaxConnections) {
+    std::string refusal;
+    if (!im.admit(cred.pid, refusal)) {
       lock.unlock();
-      im.refused("connection refused", "too-many-connections", {{"limit", kMaxConnections}});
-      sendError(conn.get(), 503, "too-many-connections", "too many connections");
+      const size_t limit =
+          refusal == "connections" ? im.limits.connections : im.limits.connections_per_peer;
+      im.refused("connection refused", "too-many-connections",
+                 {{"limit", limit}, {"counted", refusal}, {"peer_pid", cred.pid}});
+      sendError(conn.get(), 503, "too-many-connections",
+                "too many connections (" + std::to_string(limit) + " " + refusal + ")");
       continue;
     }
-    im.conns.insert(conn.get());
+    im.conns[conn.get()].peer = cred.pid;
     lock.unlock();
     std::thread([&im, c = std::move(conn)]() mutable {
       im.serveConnection(std::move(c));
@@ -585,7 +466,7 @@ void HttpServer::serve() {
   }
   // Wake every connection thread blocked in recv; handlers see their next write fail.
   std::unique_lock lock(im.mu);
-  for (int fd : im.conns) ::shutdown(fd, SHUT_RDWR);
+  for (const auto& [fd, c] : im.conns) ::shutdown(fd, SHUT_RDWR);
   im.idle.wait(lock, [&] { return im.conns.empty(); });
 }
 

@@ -20,6 +20,8 @@ import json
 import pathlib
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import types
@@ -34,6 +36,7 @@ from hostile_upstreams import (API_KEY, READER, SECRET, STRANGER, TLS_SECRET, WR
 from nodelib import SamNode, sam_node  # noqa: F401 (a fixture)
 
 MAX_CONNECTIONS = 256  # kMaxConnections in src/sam-node/http.h
+PER_PEER = 64  # kMaxConnectionsPerPeer
 
 
 @pytest.fixture(scope="module")
@@ -143,46 +146,114 @@ def test_chunked_body_over_the_cap_is_refused_and_the_node_lives(sock, world):
     assert alive(world.node)
 
 
-def test_connection_cap_answers_503(fresh_node):
-    sock_path = fresh_node.socket_path
-    held = []
+# A process that connects N times to the node's socket, sends PAYLOAD on each, prints how many
+# connections the node refused at once (503), then holds the rest until its stdin closes:
+# another peer process, as another agent's sam-box is.
+HOLDER = r"""
+import socket, sys, time
+path, n, payload = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode()
+socks, held, refused = [], [], 0
+for _ in range(n):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
     try:
-        for _ in range(MAX_CONNECTIONS):
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(fresh_node.socket_path)
-            s.sendall(b"GET /v1/models HTTP/1.1\r\n")
-            held.append(s)
-        wait_for(lambda: try_raw(sock_path, b"").startswith(b"HTTP/1.1 503 "), timeout=20,
-                 what="a 503")
+        if payload:
+            s.sendall(payload)
+        socks.append(s)
+    except OSError:
+        refused += 1
+time.sleep(0.5)
+for s in socks:
+    s.setblocking(False)
+    try:
+        s.recv(64)  # a 503 and the close, or the close alone
+        refused += 1
+        s.close()
+    except BlockingIOError:
+        held.append(s)
+    except OSError:
+        refused += 1
+print(len(held), refused, flush=True)
+sys.stdin.read()
+"""
+
+
+class Holders:
+    """Peer processes holding connections to the node; close() lets them all go."""
+
+    def __init__(self, path):
+        self.path, self.procs = path, []
+
+    def hold(self, n, payload=b""):
+        """Returns (held, refused) of one new holder process of n connections."""
+        p = subprocess.Popen([sys.executable, "-c", HOLDER, self.path, str(n), payload.decode()],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.procs.append(p)
+        held, refused = map(int, p.stdout.readline().split())
+        return held, refused
+
+    def close(self):
+        for p in self.procs:
+            p.stdin.close()
+            p.wait(timeout=30)
+
+
+@pytest.fixture
+def holders(fresh_node):
+    h = Holders(fresh_node.socket_path)
+    try:
+        yield h
     finally:
-        for s in held:
-            s.close()
+        h.close()
+
+
+def test_connection_cap_answers_503(fresh_node, holders):
+    """Every slot held by requests in progress (heads not complete, from five peers of
+    PER_PEER each): the next connection is answered 503, until they go."""
+    sock_path = fresh_node.socket_path
+    held = sum(holders.hold(PER_PEER, b"GET /v1/models HTTP/1.1\r\n")[0] for _ in range(5))
+    assert held == MAX_CONNECTIONS, held
+    assert try_raw(sock_path, b"").startswith(b"HTTP/1.1 503 ")
+    holders.close()
     wait_for(lambda: call(sock_path, "GET", "/v1/models", READER).status == 200, timeout=20,
              what="the node to serve again once the held connections closed")
 
 
-def test_a_head_that_never_completes_does_not_hold_a_slot_forever(fresh_node):
+def test_one_peer_cannot_take_every_connection(fresh_node, holders):
+    """HOLE (DoS, any agent, no grant needed): one sam-box opened 256 tunnels to
+    mesh.sam.alt and sent nothing; the node held each for its 5-minute idle limit and answered
+    every other agent 503 (http_server.cc, serve(): one cap for all peers). A peer process now
+    holds PER_PEER connections at most."""
+    assert holders.hold(MAX_CONNECTIONS) == (PER_PEER, MAX_CONNECTIONS - PER_PEER)
+    assert call(fresh_node.socket_path, "GET", "/v1/models", READER).status == 200
+    assert any(line.get("counted") == "connections from one peer process"
+               for line in fresh_node.logs())
+
+
+def test_idle_connections_make_room_at_the_cap(fresh_node, holders):
+    """Every slot held by idle connections (five peers): a new connection closes the one idle
+    longest instead of being refused, as a keep-alive connection may be closed between
+    requests (RFC 9112 §9.5)."""
+    held = sum(holders.hold(PER_PEER)[0] for _ in range(5))
+    assert held == 5 * PER_PEER  # the last 64 made room by closing idle ones
+    assert call(fresh_node.socket_path, "GET", "/v1/models", READER).status == 200
+    evicted = [line for line in fresh_node.logs() if line.get("reason") == "idle-evicted"]
+    assert len(evicted) >= 5 * PER_PEER - MAX_CONNECTIONS + 1, len(evicted)
+
+
+def test_a_head_that_never_completes_does_not_hold_a_slot_forever(fresh_node, holders):
     """HOLE (DoS): serveConnection() (http_server.cc) blocks in recv() with no deadline, so one
     agent that opens kMaxConnections connections and never finishes a head locks every other
     agent of the host out (503) for as long as it likes. The node should close a connection
     whose head is not complete within a bound (e.g. 30 s; and idle keep-alive likewise)."""
     sock_path = fresh_node.socket_path
-    held = []
-    try:
-        for _ in range(MAX_CONNECTIONS):
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(fresh_node.socket_path)
-            s.sendall(b"GET /v1/models HTTP/1.1\r\nX-Sam-Agent: " + READER.encode())
-            held.append(s)
-        wait_for(lambda: try_raw(sock_path, b"").startswith(b"HTTP/1.1 503 "), timeout=20,
-                 what="the cap")
-        wait_for(lambda: try_raw(sock_path, b"GET /v1/models HTTP/1.1\r\nX-Sam-Agent: "
-                                 + READER.encode() + b"\r\nConnection: close\r\n\r\n")
-                 .startswith(b"HTTP/1.1 200 "), timeout=90,
-                 what="the node to drop connections stuck in a head")
-    finally:
-        for s in held:
-            s.close()
+    partial = b"GET /v1/models HTTP/1.1\r\nX-Sam-Agent: " + READER.encode()
+    held = sum(holders.hold(PER_PEER, partial)[0] for _ in range(5))
+    assert held == MAX_CONNECTIONS, held
+    wait_for(lambda: try_raw(sock_path, b"GET /v1/models HTTP/1.1\r\nX-Sam-Agent: "
+                             + READER.encode() + b"\r\nConnection: close\r\n\r\n")
+             .startswith(b"HTTP/1.1 200 "), timeout=90,
+             what="the node to drop connections stuck in a head")
 
 
 def test_deeply_nested_json_does_not_kill_the_node(fresh_node):
