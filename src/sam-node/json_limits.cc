@@ -12,17 +12,27 @@ namespace {
 /// Thrown from the parser callback to stop at the first too-deep container: the rest of the
 /// text is neither scanned nor built.
 struct TooDeep {};
+/// The same, at the first value past the value limit.
+struct TooMany {};
+
+bool opens(nlohmann::json::parse_event_t event) {
+  return event == nlohmann::json::parse_event_t::object_start ||
+         event == nlohmann::json::parse_event_t::array_start;
+}
 
 }  // namespace
 
-UntrustedJson parseUntrustedJson(std::string_view text, int max_depth) {
+UntrustedJson parseUntrustedJson(std::string_view text, int max_depth, size_t max_values) {
   using nlohmann::json;
   UntrustedJson out;
-  auto limit = [max_depth](int depth, json::parse_event_t event, json& /*parsed*/) {
-    const bool opens =
-        event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
+  size_t values = 0;
+  auto limit = [max_depth, max_values, &values](int depth, json::parse_event_t event,
+                                                json& /*parsed*/) {
     // `depth` counts the containers around this one, so this one is at level depth + 1.
-    if (opens && depth >= max_depth) throw TooDeep{};
+    if (opens(event) && depth >= max_depth) throw TooDeep{};
+    // A value starts: a container when it opens, a scalar when it is parsed.
+    if ((opens(event) || event == json::parse_event_t::value) && ++values > max_values)
+      throw TooMany{};
     return true;
   };
   try {
@@ -31,6 +41,10 @@ UntrustedJson parseUntrustedJson(std::string_view text, int max_depth) {
     out.failure = UntrustedJson::kTooDeep;
     out.value = nullptr;
     out.why = "nested deeper than " + std::to_string(max_depth) + " arrays/objects";
+  } catch (const TooMany&) {
+    out.failure = UntrustedJson::kTooMany;
+    out.value = nullptr;
+    out.why = "more than " + std::to_string(max_values) + " values";
   } catch (const json::parse_error& e) {
     out.failure = UntrustedJson::kSyntax;
     out.value = nullptr;
@@ -43,6 +57,39 @@ UntrustedJson parseUntrustedJson(std::string_view text, int max_depth) {
     out.why = "not valid JSON (a number out of range)";
   }
   return out;
+}
+
+std::optional<std::string> topLevelString(std::string_view text, std::string_view key,
+                                          int max_depth) {
+  using nlohmann::json;
+  std::string member;  // the key of the top-level member being parsed
+  auto keep = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (opens(event) && depth >= max_depth) throw TooDeep{};
+    switch (event) {
+      case json::parse_event_t::key:
+        if (depth == 1) member = parsed.get<std::string>();
+        return depth == 1;
+      case json::parse_event_t::value:
+        // A scalar of the top-level object is at depth 1; keep only the one asked for.
+        return depth == 0 || (depth == 1 && member == key && parsed.is_string());
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        return depth == 0;  // a nested container is dropped once complete
+      default:
+        return true;
+    }
+  };
+  try {
+    const json doc = json::parse(text, keep, /*allow_exceptions=*/true);
+    if (!doc.is_object()) return std::nullopt;
+    const auto it = doc.find(key);
+    if (it == doc.end() || !it->is_string()) return std::nullopt;
+    return it->get<std::string>();
+  } catch (const TooDeep&) {
+    return std::nullopt;
+  } catch (const json::exception&) {
+    return std::nullopt;
+  }
 }
 
 }  // namespace samnode

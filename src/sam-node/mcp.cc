@@ -201,7 +201,7 @@ class UpstreamClient {
       for (auto& event : events) {
         if (!event.type.empty() && event.type != "message") continue;
         UntrustedJson parsed = parseUntrustedJson(event.data);
-        if (parsed.failure == UntrustedJson::kTooDeep) {
+        if (parsed.overLimit()) {
           ex.detail = "an SSE event is " + parsed.why;
           return false;  // a hostile server: its answer is not used
         }
@@ -420,7 +420,10 @@ struct McpAggregator::Impl {
       node.metrics.toolCall(*service, "error");
       node.metrics.request("mcp", "error");
       clients.at(*service)->reset();
-      return mcp::rpcResult(id, mcp::toolErrorResult("tool \"" + tool + "\" failed: " + e.what()));
+      // e.what() names the server's address: for the log above, not for the agent.
+      return mcp::rpcResult(id, mcp::toolErrorResult("tool \"" + tool +
+                                                     "\" failed: its server could not be reached "
+                                                     "or did not answer properly"));
     }
   }
 
@@ -480,7 +483,8 @@ struct McpAggregator::Impl {
                                       {"message", why}});
     node.metrics.refusal("bad-mcp-message");
     node.metrics.request("mcp", "denied");
-    out.send(400, {{"Content-Type", "application/json"}}, mcp::rpcError(id, code, why).dump());
+    out.send(400, {{"Content-Type", "application/json"}, {"Sam-Node-Reason", "bad-mcp-message"}},
+             mcp::rpcError(id, code, why).dump());
   }
 
   void serve(const Request& req, ResponseWriter& out) {
@@ -494,8 +498,20 @@ struct McpAggregator::Impl {
       return;
     }
     if (req.method != "POST") {
-      // No server-initiated stream (GET) is offered: the spec's answer is 405.
-      out.send(405, {{"Allow", "POST, DELETE"}}, "");
+      // No server-initiated stream (GET) is offered: the spec's answer is 405. MCP clients
+      // ask once per session, so it is counted like any refusal but logged at info only.
+      log::info("mcp method not allowed", {{"caller", req.agent}, {"method", req.method}});
+      node.metrics.refusal("method-not-allowed");
+      node.metrics.request("mcp", "denied");
+      const nlohmann::json body = {{"error",
+                                    {{"message", "/mcp takes POST (and DELETE); no GET stream"},
+                                     {"type", "sam_node_refusal"},
+                                     {"code", "method-not-allowed"}}}};
+      out.send(405,
+               {{"Allow", "POST, DELETE"},
+                {"Content-Type", "application/json"},
+                {"Sam-Node-Reason", "method-not-allowed"}},
+               body.dump());
       return;
     }
     if (auto version = findHeader(req.headers, "MCP-Protocol-Version");
@@ -509,7 +525,7 @@ struct McpAggregator::Impl {
       badMessage(req, out, nullptr, mcp::kParseError, "the body is not valid JSON");
       return;
     }
-    if (parsed.failure == UntrustedJson::kTooDeep) {
+    if (parsed.overLimit()) {
       badMessage(req, out, nullptr, mcp::kInvalidRequest, "the body is " + parsed.why);
       return;
     }

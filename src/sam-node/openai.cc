@@ -34,21 +34,16 @@ void listModels(Node& node, const Request& req, ResponseWriter& out) {
 
 // The body's "model" when it names a granted service; else the only granted service. A body
 // that is not JSON, or nested too deep to be a request (json_limits.h), names no model; it
-// still goes to the only granted service, which answers it as it sees fit.
+// still goes to the only granted service, which answers it as it sees fit. Only "model" is
+// kept from the body: the rest may be large (an embeddings request's token ids) and is the
+// upstream's to read.
 const Service* chooseService(const std::vector<const Service*>& granted, const Request& req) {
   if (!req.body.empty()) {
-    const UntrustedJson parsed = parseUntrustedJson(req.body);
-    const nlohmann::json& body = parsed.value;
-    if (!parsed.ok()) {
-      common::log::debug("request body names no model",
-                         {{"caller", req.agent}, {"route", kRoute}, {"why", parsed.why}});
-    } else if (body.is_object()) {
-      const auto model = body.find("model");
-      if (model != body.end() && model->is_string()) {
-        const auto& name = model->get_ref<const std::string&>();
-        for (const Service* s : granted)
-          if (s->name == name) return s;
-      }
+    if (const auto model = topLevelString(req.body, "model")) {
+      for (const Service* s : granted)
+        if (s->name == *model) return s;
+    } else {
+      common::log::debug("request body names no model", {{"caller", req.agent}, {"route", kRoute}});
     }
   }
   return granted.size() == 1 ? granted.front() : nullptr;

@@ -42,7 +42,7 @@ TEST(JsonLimits, TakesExactlyTheCapAndRefusesOneMore) {
 
 TEST(JsonLimits, WideIsNotDeep) {
   std::string wide = "[";
-  for (int i = 0; i < 10000; ++i) wide += std::string(i ? "," : "") + nested(kMaxJsonDepth - 1);
+  for (int i = 0; i < 1000; ++i) wide += std::string(i ? "," : "") + nested(kMaxJsonDepth - 1);
   wide += "]";
   EXPECT_TRUE(parseUntrustedJson(wide).ok());
 }
@@ -67,6 +67,47 @@ TEST(JsonLimits, SyntaxErrorsNameTheByteNotTheInput) {
   UntrustedJson huge = parseUntrustedJson(R"({"id":1e999999})");
   EXPECT_EQ(huge.failure, UntrustedJson::kSyntax);
   EXPECT_EQ(huge.why, "not valid JSON (a number out of range)");
+}
+
+std::string zeros(size_t n) {
+  std::string text = "[";
+  for (size_t i = 0; i < n; ++i) text += i ? ",0" : "0";
+  return text + "]";
+}
+
+TEST(JsonLimits, TakesExactlyTheValueCapAndRefusesOneMore) {
+  // The array itself is one value.
+  EXPECT_TRUE(parseUntrustedJson(zeros(kMaxJsonValues - 1)).ok());
+  UntrustedJson over = parseUntrustedJson(zeros(kMaxJsonValues));
+  EXPECT_EQ(over.failure, UntrustedJson::kTooMany);
+  EXPECT_TRUE(over.overLimit());
+  EXPECT_EQ(over.why, "more than 100000 values");
+  EXPECT_TRUE(over.value.is_null());
+  // Containers count like scalars.
+  EXPECT_EQ(parseUntrustedJson("[[],{},[]]", kMaxJsonDepth, 3).failure, UntrustedJson::kTooMany);
+  EXPECT_TRUE(parseUntrustedJson(R"({"a":"b"})", kMaxJsonDepth, 2).ok());
+}
+
+TEST(JsonLimits, SixteenMegabytesOfZerosAreRefused) {
+  // What the adversarial review sent to /ops/spawn: 8 million values, about 280 MB built.
+  EXPECT_EQ(parseUntrustedJson(zeros(8u << 20)).failure, UntrustedJson::kTooMany);
+}
+
+TEST(JsonLimits, TopLevelStringKeepsOnlyThatMember) {
+  EXPECT_EQ(topLevelString(R"({"model":"chat","messages":[{"model":"x"}]})", "model"), "chat");
+  EXPECT_EQ(topLevelString(R"({"messages":[{"role":"user"}],"model":"m","n":[1,[2,{}]]})", "model"),
+            "m");
+  // Only the top-level member: not one of a nested object, not a non-string.
+  EXPECT_EQ(topLevelString(R"({"a":{"model":"nested"}})", "model"), std::nullopt);
+  EXPECT_EQ(topLevelString(R"([{"model":"in-array"}])", "model"), std::nullopt);
+  EXPECT_EQ(topLevelString(R"({"model":7})", "model"), std::nullopt);
+  EXPECT_EQ(topLevelString(R"({"model":["chat"]})", "model"), std::nullopt);
+  EXPECT_EQ(topLevelString(R"("model")", "model"), std::nullopt);
+  EXPECT_EQ(topLevelString("{oops", "model"), std::nullopt);
+  EXPECT_EQ(topLevelString(R"({"model":"x",)" + nested(500000) + "}", "model"), std::nullopt);
+  // No value limit: a million token ids route like any request.
+  EXPECT_EQ(topLevelString(R"({"input":)" + zeros(1000000) + R"(,"model":"embed"})", "model"),
+            "embed");
 }
 
 }  // namespace
