@@ -13,6 +13,8 @@
 #include "sam-node/spawn_child.h"
 #include "sam-node/upstream.h"
 
+#include <unistd.h>
+
 #include <arpa/inet.h>
 #include <curl/curl.h>
 #include <ifaddrs.h>
@@ -199,10 +201,25 @@ const json& member(const json& object, std::string_view key, std::string_view fi
   return *it;
 }
 
+// The environment variables that may hold a secret of `config`: those of env:// references,
+// and bare reference names (COMPASS_SECRET_PROVIDER=env reads them from the environment).
+std::set<std::string, std::less<>> secretVariables(const Config& config) {
+  std::set<std::string, std::less<>> out;
+  auto add = [&](std::string_view ref) {
+    if (ref.starts_with("env://")) ref.remove_prefix(6);
+    if (!ref.empty() && ref.find(':') == std::string_view::npos) out.emplace(ref);
+  };
+  for (const auto& s : config.services)
+    if (!s.api_key.empty()) add(s.api_key);
+  for (const auto& s : config.secrets) add(s.ref);
+  return out;
+}
+
 }  // namespace
 
 struct Operations::Impl {
-  explicit Impl(Node& n) : node(n) {}
+  explicit Impl(Node& n)
+      : node(n), runners(runnerEnvironment(environ, secretVariables(n.config))) {}
   Node& node;
   PendingSpawns pending;
   SpawnedRunners runners;

@@ -173,6 +173,26 @@ struct SpawnedRunners::Child {
   }
 };
 
+std::vector<std::string> runnerEnvironment(char* const* env,
+                                           const std::set<std::string, std::less<>>& secret_vars) {
+  static constexpr std::string_view kNames[] = {"PATH",   "HOME",           "USER",     "LOGNAME",
+                                                "SHELL",  "LANG",           "LANGUAGE", "TZ",
+                                                "TMPDIR", "XDG_RUNTIME_DIR"};
+  static constexpr std::string_view kPrefixes[] = {"LC_", "COMPASS_", "CONTAINERS_"};
+  std::vector<std::string> out;
+  for (char* const* e = env; e != nullptr && *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const size_t eq = entry.find('=');
+    if (eq == std::string_view::npos || eq == 0) continue;
+    const std::string_view name = entry.substr(0, eq);
+    bool kept = false;
+    for (auto n : kNames) kept = kept || name == n;
+    for (auto p : kPrefixes) kept = kept || name.starts_with(p);
+    if (kept && !secret_vars.contains(name)) out.emplace_back(entry);
+  }
+  return out;
+}
+
 SpawnOutcome SpawnedRunners::start(const std::vector<std::string>& argv, std::string_view label,
                                    std::string_view caller, std::chrono::milliseconds deadline) {
   SpawnOutcome fail;
@@ -217,8 +237,12 @@ SpawnOutcome SpawnedRunners::start(const std::vector<std::string>& argv, std::st
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const auto& e : env_) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  // posix_spawnp searches the node's PATH for argv[0]; the child gets only envp.
   pid_t pid = -1;
-  int rc = posix_spawnp(&pid, argv[0].c_str(), &actions, &attr, args.data(), environ);
+  int rc = posix_spawnp(&pid, argv[0].c_str(), &actions, &attr, args.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -88,9 +89,19 @@ class PendingSpawns {
   std::map<std::string, size_t, std::less<>> by_caller_;
 };
 
+/// The environment a spawned runner gets, from `env` (the node's own, as `environ`): only
+/// what a runner and the tools it starts read (PATH, HOME, USER, LOGNAME, SHELL, LANG,
+/// LANGUAGE, LC_*, TZ, TMPDIR, XDG_RUNTIME_DIR, COMPASS_*, CONTAINERS_*), and of those none
+/// named in `secret_vars` (the variables behind env:// secrets and API keys). Everything else
+/// of the node's environment, its secrets above all, stays out: the host tier hands the
+/// runner's environment to the agent.
+std::vector<std::string> runnerEnvironment(char* const* env,
+                                           const std::set<std::string, std::less<>>& secret_vars);
+
 class SpawnedRunners {
  public:
-  SpawnedRunners() = default;
+  /// `env`: each runner's whole environment, NAME=value entries (runnerEnvironment()).
+  explicit SpawnedRunners(std::vector<std::string> env = {}) : env_(std::move(env)) {}
   ~SpawnedRunners();
   SpawnedRunners(const SpawnedRunners&) = delete;
   SpawnedRunners& operator=(const SpawnedRunners&) = delete;
@@ -107,6 +118,7 @@ class SpawnedRunners {
 
  private:
   struct Child;
+  std::vector<std::string> env_;
   mutable std::mutex mu_;
   std::list<std::shared_ptr<Child>> children_;
 };

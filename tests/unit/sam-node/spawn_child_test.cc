@@ -22,6 +22,38 @@ TEST(SpawnChild, ParsesTheRunnersLine) {
   EXPECT_EQ(parseRunningLine("x compass-runner: agent a running"), std::nullopt);
 }
 
+TEST(SpawnChild, RunnerEnvironmentKeepsOnlyWhatARunnerReads) {
+  const char* node_env[] = {"PATH=/usr/bin",
+                            "HOME=/root",
+                            "LC_ALL=C.UTF-8",
+                            "COMPASS_MICROVM_CACHE=/var/cache/c",
+                            "CONTAINERS_CONF=/etc/c.conf",
+                            "OPENAI_API_KEY=sk-live",      // an env:// api_key, not allowlisted
+                            "COMPASS_GITHUB_TOKEN=ghp_x",  // allowlisted prefix, but a secret
+                            "AWS_SECRET_ACCESS_KEY=a",
+                            "LD_PRELOAD=/tmp/evil.so",
+                            "=nameless",
+                            "NOEQUALS",
+                            nullptr};
+  const std::vector<std::string> env = runnerEnvironment(
+      const_cast<char* const*>(node_env), {"OPENAI_API_KEY", "COMPASS_GITHUB_TOKEN"});
+  EXPECT_EQ(env, (std::vector<std::string>{"PATH=/usr/bin", "HOME=/root", "LC_ALL=C.UTF-8",
+                                           "COMPASS_MICROVM_CACHE=/var/cache/c",
+                                           "CONTAINERS_CONF=/etc/c.conf"}));
+}
+
+TEST(SpawnChild, TheRunnerGetsOnlyTheGivenEnvironment) {
+  SpawnedRunners runners({"PATH=/usr/bin:/bin", "COMPASS_X=1"});
+  // The runner's id carries the names of its environment variables (sh adds PWD).
+  SpawnOutcome o = runners.start(
+      {"/bin/sh", "-c",
+       "echo \"compass-runner: agent a$(env | cut -d= -f1 | grep -v '^PWD$' | sort | tr '\\n' "
+       "'-')x running\" >&2; exec sleep 600"},
+      "t", "caller");
+  ASSERT_EQ(o.kind, SpawnOutcome::kRunning) << o.detail;
+  EXPECT_EQ(o.id, "aCOMPASS_X-PATH-x");
+}
+
 TEST(SpawnChild, ReportsTheIdAndStopsTheRunnerAtTheEnd) {
   SpawnedRunners runners;
   SpawnOutcome o = runners.start(
