@@ -128,8 +128,12 @@ void upstreamFailed(Node& node, const Request& req, ResponseWriter& out, std::st
   node.metrics.request(route, "error");
   noteAccess(service, "error", reason);
   if (out.started()) return;
-  sendProblem(out, 502, "sam_node_error", reason,
-              std::string(service) + ": " + std::string(shown.empty() ? detail : shown));
+  // The detail (libcurl's text: the upstream's address and port) is for the operator's log
+  // only: the agent is not told which peer serves a name (seed 003).
+  const std::string said = shown.empty() ? "its upstream failed (" + std::string(reason) +
+                                               "; the node's log has the detail)"
+                                         : std::string(shown);
+  sendProblem(out, 502, "sam_node_error", reason, std::string(service) + ": " + said);
 }
 
 void proxyStream(Node& node, const Request& req, ResponseWriter& out, std::string_view route,

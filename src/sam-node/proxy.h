@@ -43,8 +43,9 @@ void proxyStream(Node& node, const Request& req, ResponseWriter& out, std::strin
 
 /// 502 for an upstream failure (or a secret that cannot be read): logged with caller,
 /// service, reason and `detail`, counted as an error of `route`. The answer's message is
-/// "<service>: <shown>", or "<service>: <detail>" when `shown` is empty: a detail that names
-/// a secret reference or a path on the node stays in the node's log.
+/// "<service>: <shown>", or "<service>: its upstream failed (<reason>; ...)" when `shown` is
+/// empty: `detail` (libcurl's text names the upstream's address and port; a secret's reference
+/// names a path on the node) stays in the node's log.
 void upstreamFailed(Node& node, const Request& req, ResponseWriter& out, std::string_view route,
                     std::string_view service, std::string_view reason, std::string_view detail,
                     std::string_view shown = {});

@@ -341,6 +341,10 @@ def test_unreachable_model_server_is_502(sam_node):  # noqa: F811
     status, headers, body = n.request("POST", "/v1/chat/completions", agent=AGENT_ID,
                                       body={"model": "chat"})
     assert status == 502 and headers["sam-node-reason"] == "upstream-unreachable", body
+    # Which peer serves the name is not the agent's to learn (seed 003): no address or port.
+    message = json.loads(body)["error"]["message"]
+    assert message.startswith("chat: its upstream failed (upstream-unreachable"), message
+    assert "127.0.0.1" not in message and "port" not in message, message
     assert n.stop() == 0
 
 

@@ -400,12 +400,14 @@ def test_mcp_initialize_and_transport(env):
     assert rpc(env, "resources/list")[2]["error"]["code"] == -32601
     status, _, body = env.request("POST", "/mcp", "{oops")
     assert status == 400 and json.loads(body)["error"]["code"] == -32700
-    status, _, body = env.request("POST", "/mcp", json.dumps(
+    status, headers, body = env.request("POST", "/mcp", json.dumps(
         [{"jsonrpc": "2.0", "id": 1, "method": "ping"}]))
-    assert status == 400
+    assert status == 400 and headers["Sam-Node-Reason"] == "bad-mcp-message"
     assert json.loads(body)["error"]["code"] == -32600
     assert "batch" in json.loads(body)["error"]["message"]
-    assert env.request("GET", "/mcp")[0] == 405
+    status, headers, body = env.request("GET", "/mcp")
+    assert (status, headers["Sam-Node-Reason"], headers["Allow"]) == (405, "method-not-allowed",
+                                                                      "POST, DELETE")
     assert env.request("DELETE", "/mcp")[0] == 200
 
 
