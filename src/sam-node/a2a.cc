@@ -1,7 +1,9 @@
 // /a2a: agents that serve (seed 003, "Agents that serve"). A service is advertised only while
 // its card probe succeeds: readiness is observed, never assumed.
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -18,6 +20,43 @@ namespace {
 
 constexpr std::string_view kRoute = "a2a";
 constexpr std::string_view kCardPath = ".well-known/agent-card.json";
+// The card's name before A2A 0.3; servers may still serve it there.
+constexpr std::string_view kLegacyCardPath = ".well-known/agent.json";
+
+int hexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// `path` as servers that normalise before routing see it (RFC 3986 §6.2.2): percent-encoded
+// unreserved characters decoded ("%2Ewell-known" is ".well-known") and empty segments dropped
+// ("a//b" is "a/b"). Only used to recognise the agent card under any spelling: every one of
+// them is answered rewritten, never with the served agent's own addresses.
+std::string normalisedPath(std::string_view path) {
+  std::string decoded;
+  for (size_t i = 0; i < path.size(); ++i) {
+    if (path[i] == '%' && i + 2 < path.size() && hexValue(path[i + 1]) >= 0 &&
+        hexValue(path[i + 2]) >= 0) {
+      const char c = static_cast<char>(hexValue(path[i + 1]) * 16 + hexValue(path[i + 2]));
+      if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_' ||
+          c == '~') {
+        decoded.push_back(c);
+        i += 2;
+        continue;
+      }
+    }
+    decoded.push_back(path[i]);
+  }
+  std::string out;
+  for (size_t at = 0; at <= decoded.size();) {
+    const size_t slash = std::min(decoded.find('/', at), decoded.size());
+    if (slash > at) out += (out.empty() ? "" : "/") + decoded.substr(at, slash - at);
+    at = slash + 1;
+  }
+  return out;
+}
 constexpr std::string_view kMeshBase = "http://mesh.sam.alt/a2a/";
 // Agent cards are small; a larger answer is not a card.
 constexpr size_t kMaxCardBytes = size_t{1} << 20;
@@ -200,7 +239,15 @@ void A2aDirectory::serve(const Request& req, ResponseWriter& out) {
   up.headers = forwardableHeaders(req.headers);
   up.headers.emplace_back("X-Sam-Caller", req.agent);
   up.body = req.body;
-  if (req.method == "GET" && rest == kCardPath) {
+  const std::string normalised = normalisedPath(rest);
+  if (normalised == kCardPath || normalised == kLegacyCardPath) {
+    // Only read: another method's answer would be the card unrewritten, if the agent gave it.
+    if (req.method != "GET") {
+      refuse(node, req, out, kRoute, 405, "method-not-allowed",
+             "the agent card at /a2a/" + name + "/" + normalised + " is read with GET");
+      return;
+    }
+    up.url = service->target_url + "/" + normalised;
     UpstreamResponse r;
     try {
       r = fetch(up, kMaxCardBytes);

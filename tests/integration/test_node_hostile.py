@@ -469,6 +469,31 @@ def test_a2a_listing_and_card_point_through_the_node(sock):
     assert card["url"].startswith("http://mesh.sam.alt/a2a/bar")
 
 
+@pytest.mark.parametrize("target", ["/a2a/bar//.well-known/agent-card.json",
+                                    "/a2a/bar/.well-known//agent-card.json",
+                                    "/a2a/bar/%2Ewell-known/agent-card.json",
+                                    "/a2a/bar/.well-known/agent%2Dcard.json",
+                                    "/a2a/bar/.well-known/agent.json"])
+def test_every_spelling_of_the_card_is_rewritten(sock, target):
+    """HOLE (info leak): only GET of exactly .well-known/agent-card.json was rewritten
+    (a2a.cc); '//', '%2E' and the legacy agent.json returned the card with the served agent's
+    own addresses."""
+    r = call(sock, "GET", target, READER)
+    if r.status == 200:
+        assert "127.0.0.1" not in r.body.decode(), (target, r.body)
+        # (the stand-in serves its card at the current name only; at agent.json it answers
+        # {"ok": true}, which goes through the card's checks too)
+        assert r.json().get("url", "http://mesh.sam.alt/a2a/bar").startswith(
+            "http://mesh.sam.alt/a2a/bar"), r.body
+    else:
+        assert r.status in (400, 404), (target, r.status)
+
+
+def test_the_card_is_only_read(sock):
+    r = call(sock, "POST", "/a2a/bar/.well-known/agent-card.json", READER, body={})
+    assert (r.status, r.header("Sam-Node-Reason")) == (405, "method-not-allowed"), r.body
+
+
 def last_request(upstream, path):
     """The last request to `path`: the card probes of every running node reach the same a2a
     stand-in at any time, so the last request of all may be one of those."""
