@@ -20,6 +20,7 @@
 #include "compass-runner/backend.h"
 #include "compass-runner/firewall.h"
 #include "compass-runner/image.h"
+#include "compass-runner/microvm_cache.h"
 #include "compass-runner/microvm_control.h"
 #include "compass-runner/microvm_egress.h"
 #include "compass-runner/microvm_initramfs.h"
@@ -96,6 +97,8 @@ class MicrovmBackend final : public Backend {
     }
     findGuestKernel();
     findBusybox();
+    findQemu();
+    cacheDirSetting();  // a relative COMPASS_MICROVM_CACHE is refused before anything is built
   }
 
   Started start(const AgentSpec& spec) override {
@@ -146,8 +149,8 @@ class MicrovmBackend final : public Backend {
       status = killed_ ? 128 + SIGKILL : kExitCannotStartStatus;
       if (!killed_) {
         note("the guest ended without reporting the agent's status (QEMU status " +
-             std::to_string(qemu_status) + "); the end of " + state_dir_ + "/" + kConsoleLog +
-             ":\n" + tailOfFile(state_dir_ + "/" + kConsoleLog));
+             std::to_string(qemu_status) + "; QEMU's own message, if any, is above); " +
+             consoleExcerpt(state_dir_ + "/" + kConsoleLog));
       }
     }
     if (status == 128 + SIGKILL && !killed_ && consoleSaysOutOfMemory()) {
@@ -200,6 +203,19 @@ class MicrovmBackend final : public Backend {
 
   void reapOrphans(const std::vector<std::string>& live_ids) override {
     reapOrphanGuests(stateRoot("microvm"), live_ids);
+    // What a runner killed while building a root image left in the cache: its temporary, and
+    // its `podman image mount` (undone only while no build holds rootfs.lock).
+    const std::string cache = cacheDirSetting();
+    const ImageUnmount unmount = [](const std::string& image_id) {
+      try {
+        const std::string conf = podman::containersConfPath();
+        podman::writeContainersConf(conf);
+        return podmanUnmount(conf)(image_id);
+      } catch (const std::exception& e) {
+        return std::string(e.what());
+      }
+    };
+    reapCacheLeftovers(cache, unmount);
   }
 
  private:
@@ -238,7 +254,7 @@ class MicrovmBackend final : public Backend {
       sam_box_bin = findSamBox();
       nano_init_bin = podman::findNanoInit();
       cache = cacheDir();
-      q.qemu = qemuBinary();
+      q.qemu = findQemu();
     });
     if (accel_ == Accel::kTcg) {
       note("microvm: --accel tcg: the guest runs under software emulation (slow; meant for tests)");
@@ -421,8 +437,8 @@ class MicrovmBackend final : public Backend {
         }
         if (e.line.rfind("fail ", 0) == 0) {
           // The state dir goes with the failed start: quote the console, not its path.
-          throw RunnerError("the guest's launch step failed: " + e.line.substr(5) +
-                            "; the end of the guest's console:\n" + tailOfFile(console));
+          throw RunnerError("the guest's launch step failed: " + e.line.substr(5) + "; " +
+                            consoleExcerpt(console));
         }
         continue;
       }
@@ -438,17 +454,16 @@ class MicrovmBackend final : public Backend {
                           "--backend podman");
       }
       if (e.kind == ControlEvent::Kind::kTimeout) {
-        throw RunnerError("the guest did not start the agent within " +
-                          std::to_string(boot_timeout_.count()) + " s (" +
-                          std::string(accelName(accel_)) +
-                          "; set COMPASS_MICROVM_BOOT_TIMEOUT for a slower host); the end of "
-                          "the guest's console:\n" +
-                          tailOfFile(console));
+        throw RunnerError(
+            "the guest did not start the agent within " + std::to_string(boot_timeout_.count()) +
+            " s (" + std::string(accelName(accel_)) +
+            "; set COMPASS_MICROVM_BOOT_TIMEOUT for a slower host); " + consoleExcerpt(console));
       }
+      // The state dir, console.log with it, is gone when the operator reads this: quote it.
       throw RunnerError(
-          "QEMU ended before the guest started the agent (QEMU's message, if any, is above); "
-          "the end of " +
-          console + ":\n" + tailOfFile(console));
+          "QEMU ended before the guest started the agent (QEMU's own message, if any, is "
+          "above); " +
+          consoleExcerpt(console));
     }
   }
 
@@ -518,6 +533,14 @@ class MicrovmBackend final : public Backend {
 
 }  // namespace
 }  // namespace microvm
+
+std::string microvm::consoleExcerpt(const std::string& console_log) {
+  const std::string tail = tailOfFile(console_log);
+  if (tail.find_first_not_of(" \t\r\n") == std::string::npos) {
+    return "the guest printed nothing on its console";
+  }
+  return "the end of the guest's console:\n" + tail;
+}
 
 std::unique_ptr<Backend> makeMicrovmBackend() {
   return std::make_unique<microvm::MicrovmBackend>();

@@ -17,6 +17,7 @@
 #include "common/unique_fd.h"
 #include "compass-runner/backend.h"
 #include "compass-runner/elf_check.h"
+#include "compass-runner/microvm_cache.h"
 #include "compass-runner/microvm_guest_scripts.h"
 #include "compass-runner/process.h"
 
@@ -45,7 +46,7 @@ std::string readFile(const std::string& path) {
 }
 
 void writeFileAtomically(const std::string& path, const std::string& data, mode_t mode) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const std::string tmp = tempPathFor(path);
   {
     // O_EXCL|O_NOFOLLOW: never write through a name someone else put there.
     ::unlink(tmp.c_str());
@@ -347,30 +348,6 @@ std::string findBusybox() {
                       "busybox-static (apt-get install busybox-static)");
   }
   return path;
-}
-
-std::string cacheDir() {
-  const char* v = std::getenv("COMPASS_MICROVM_CACHE");
-  const std::string dir = v != nullptr && *v != '\0' ? v : "/var/lib/compass/microvm";
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  // What is cached here is booted for later agents: the directory must be ours alone, or
-  // anyone who could write it could plant a root image or an initramfs.
-  const common::UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  struct stat st {};
-  if (!fd.valid() || ::fstat(fd.get(), &st) != 0) {
-    throw RunnerError("the microvm cache dir " + dir +
-                      " (COMPASS_MICROVM_CACHE) cannot be opened as a directory (a symlink is "
-                      "refused): " +
-                      std::strerror(errno));
-  }
-  if (st.st_uid != ::geteuid()) {
-    throw RunnerError("the microvm cache dir " + dir + " (COMPASS_MICROVM_CACHE) belongs to uid " +
-                      std::to_string(st.st_uid) +
-                      ", not to this user: whoever owns it could plant what the guest boots");
-  }
-  if ((st.st_mode & 07777) != 0700) ::fchmod(fd.get(), 0700);
-  return dir;
 }
 
 std::string baseInitramfs(const GuestKernel& kernel, const std::string& nano_init,

@@ -135,8 +135,4 @@ void writeAgentInitramfs(const std::string& base, const std::vector<std::string>
 /// not a static executable (stage 2 runs it in the agent's root, which has no libc of ours).
 std::string findBusybox();
 
-/// The cache of built images: $COMPASS_MICROVM_CACHE, else /var/lib/compass/microvm; created
-/// 0700 if missing.
-std::string cacheDir();
-
 }  // namespace runner::microvm

@@ -3,15 +3,18 @@
 #include <fcntl.h>
 #include <linux/kvm.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "common/unique_fd.h"
 #include "compass-runner/backend.h"
+#include "compass-runner/process.h"
 
 namespace runner::microvm {
 namespace {
@@ -156,6 +159,32 @@ std::string stdioTarget(int runner_fd, int set, bool* pass) {
 std::string kvmDevice() { return envOr("COMPASS_KVM_DEVICE", "/dev/kvm"); }
 
 std::string qemuBinary() { return envOr("COMPASS_QEMU", "qemu-system-x86_64"); }
+
+std::string findQemu() {
+  const std::string qemu = qemuBinary();
+  const char* set = std::getenv("COMPASS_QEMU");
+  const std::string what = set != nullptr && *set != '\0' ? "COMPASS_QEMU=\"" + qemu + "\"" : qemu;
+  const std::string fix = set != nullptr && *set != '\0'
+                              ? "point COMPASS_QEMU at qemu-system-x86_64, or unset it to use the "
+                                "one on PATH"
+                              : "apt-get install qemu-system-x86, or set COMPASS_QEMU to its path";
+  std::string path;
+  try {
+    path = findProgram(qemu);
+  } catch (const RunnerError&) {
+    throw SpecRefused(what + ": not found on PATH; the microvm tier runs QEMU (" + fix + ")");
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw SpecRefused(what + ": " + std::strerror(errno) + "; the microvm tier runs QEMU (" + fix +
+                      ")");
+  }
+  if (!S_ISREG(st.st_mode) || ::access(path.c_str(), X_OK) != 0) {
+    throw SpecRefused(what + ": not an executable file; the microvm tier runs QEMU (" + fix + ")");
+  }
+  // QEMU runs in the agent's state dir: a relative path is resolved here, as the operator meant.
+  return path.front() == '/' ? path : std::filesystem::absolute(path).string();
+}
 
 std::chrono::seconds bootTimeout(Accel accel) {
   const char* v = std::getenv("COMPASS_MICROVM_BOOT_TIMEOUT");

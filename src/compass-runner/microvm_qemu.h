@@ -108,4 +108,9 @@ std::chrono::seconds bootTimeout(Accel accel);
 /// QEMU's binary: $COMPASS_QEMU, else "qemu-system-x86_64" on PATH.
 std::string qemuBinary();
 
+/// qemuBinary() as the file that would run (a path as it is, a name looked up on PATH), checked
+/// to be an executable file before anything is made. Throws SpecRefused naming COMPASS_QEMU
+/// (when set) and the reason.
+std::string findQemu();
+
 }  // namespace runner::microvm

@@ -12,6 +12,7 @@
 
 #include "common/unique_fd.h"
 #include "compass-runner/backend.h"
+#include "compass-runner/microvm_cache.h"
 #include "compass-runner/podman_cli.h"
 #include "compass-runner/process.h"
 
@@ -28,7 +29,7 @@ std::string trimmed(std::string s) {
 // mkfs.erofs SOURCE into `out` through a temporary file (a killed build leaves no half image
 // under the final name). --quiet: its progress would otherwise be one line per file.
 void mkfsErofs(const std::string& source, const std::string& out) {
-  const std::string tmp = out + ".tmp." + std::to_string(::getpid());
+  const std::string tmp = tempPathFor(out);
   try {
     runChecked("mkfs.erofs", {"mkfs.erofs", "--quiet", tmp, source}, "", kMkfsTimeout);
   } catch (...) {
@@ -71,6 +72,19 @@ std::string idFromStore(const std::string& image) {
 
 }  // namespace
 
+ImageUnmount podmanUnmount(const std::string& conf) {
+  return [conf](const std::string& image_id) -> std::string {
+    try {
+      const CommandResult r = podman::run(conf, {"image", "unmount", image_id});
+      // An image removed since has no mount left to undo.
+      if (r.status == 0 || r.err.find("image not known") != std::string::npos) return "";
+      return "exit " + std::to_string(r.status) + ": " + trimmed(r.err);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  };
+}
+
 std::string imageRootfs(const std::string& image, bool default_image, const std::string& conf,
                         const std::string& cache_dir) {
   std::string id = idFromStore(image);
@@ -86,12 +100,17 @@ std::string imageRootfs(const std::string& image, bool default_image, const std:
   const std::string out = cache_dir + "/rootfs-" + id + ".erofs";
   if (::access(out.c_str(), R_OK) == 0) return out;
 
-  const std::string lock_path = cache_dir + "/rootfs.lock";
+  const std::string lock_path = rootfsLockPath(cache_dir);
   common::UniqueFd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!lock.valid()) throw RunnerError("open " + lock_path + ": " + std::strerror(errno));
   while (::flock(lock.get(), LOCK_EX) != 0) {
     if (errno != EINTR) throw RunnerError("flock " + lock_path + ": " + std::strerror(errno));
   }
+  // With the lock held no other build runs: what a killed one left (its ~200 MB temporary, its
+  // image mount) goes now, not only at the next gc.
+  std::vector<std::string> notes;
+  removeDeadTemporaries(cache_dir, true, podmanUnmount(conf), &notes);
+  for (const auto& n : notes) note(n);
   if (::access(out.c_str(), R_OK) == 0) return out;  // another start built it meanwhile
   const std::string mount =
       trimmed(podman::runChecked("podman image mount", conf, {"image", "mount", image}));

@@ -12,15 +12,22 @@
 
 #include <string>
 
+#include "compass-runner/microvm_cache.h"
+
 namespace runner::microvm {
 
 /// The cached erofs image of podman image `image` (podman reads the runner's containers.conf
 /// `conf`). The image's id comes from podman's default store's images.json when the name is
 /// there (no podman process on the agent's path), else from `podman image inspect`. Concurrent
-/// starts build it once (an flock on <cache_dir>/rootfs.lock). Throws SpecRefused if podman has no
-/// such image (saying how to build the default one), RunnerError naming the failed step otherwise.
+/// starts build it once (an flock on <cache_dir>/rootfs.lock); the one holding it first removes
+/// what a killed build left (removeDeadTemporaries()). Throws SpecRefused if podman has no such
+/// image (saying how to build the default one), RunnerError naming the failed step otherwise.
 std::string imageRootfs(const std::string& image, bool default_image, const std::string& conf,
                         const std::string& cache_dir);
+
+/// `podman image unmount ID` with the runner's containers.conf `conf`, for
+/// removeDeadTemporaries() (microvm_cache.h).
+ImageUnmount podmanUnmount(const std::string& conf);
 
 /// Builds the erofs image of directory `dir` at `out`. Throws RunnerError.
 void dirRootfs(const std::string& dir, const std::string& out);

@@ -384,11 +384,18 @@ def test_refusals_name_the_flag(image):
     r = runner("run", *TCG, "--", "true",
                env=runner_env(COMPASS_GUEST_KERNEL="/nonexistent"))
     assert r.returncode == 2 and "install-deps" in r.stderr, r.stderr
+    r = runner("run", *TCG, "--", "true", env=runner_env(COMPASS_QEMU="/nonexistent/qemu"))
+    assert r.returncode == 2 and 'COMPASS_QEMU="/nonexistent/qemu"' in r.stderr, r.stderr
+    r = runner("run", *TCG, "--", "true",
+               env=runner_env(COMPASS_MICROVM_CACHE="mvm-relative-cache"))
+    assert r.returncode == 2 and "not an absolute path" in r.stderr, r.stderr
+    assert not pathlib.Path("mvm-relative-cache").exists()
 
 
 def test_a_cache_dir_someone_else_owns_is_refused(image):
     """What is cached is booted for later agents: a cache another user could write (here one
-    `nobody` made) could hold a planted root image, so it is refused before anything runs."""
+    `nobody` made, or one of ours with mode 0777) could hold a planted root image, so it is
+    refused (exit 2) before anything runs."""
     tmp_path = pathlib.Path(tempfile.mkdtemp(prefix="mvm-cache-", dir="/tmp"))
     try:
         _cache_refusals(tmp_path)
@@ -402,11 +409,17 @@ def _cache_refusals(tmp_path):
     subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
                     "mkdir", "-m", "0755", str(cache)], check=True)
     r = runner("run", *TCG, "--", "true", env=runner_env(COMPASS_MICROVM_CACHE=str(cache)))
-    assert r.returncode != 0 and "belongs to uid 65534" in r.stderr, r.stderr
+    assert r.returncode == 2 and "belongs to uid 65534" in r.stderr, r.stderr
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    os.chmod(ours, 0o777)
+    r = runner("run", *TCG, "--", "true", env=runner_env(COMPASS_MICROVM_CACHE=str(ours)))
+    assert r.returncode == 2 and "has mode 0777" in r.stderr, r.stderr
+    assert oct(os.stat(ours).st_mode & 0o777) == "0o777", "refused, not repaired"
     link = tmp_path / "link"
     link.symlink_to(tmp_path)
     r = runner("run", *TCG, "--", "true", env=runner_env(COMPASS_MICROVM_CACHE=str(link)))
-    assert r.returncode != 0 and "a symlink is refused" in r.stderr, r.stderr
+    assert r.returncode == 2 and "a symlink is refused" in r.stderr, r.stderr
     assert oct(os.stat(tmp_path).st_mode & 0o777) == "0o777", "the link's target was chmodded"
 
 

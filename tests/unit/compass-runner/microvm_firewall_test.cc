@@ -30,6 +30,7 @@
 
 #include "common/unique_fd.h"
 #include "compass-runner/backend.h"
+#include "compass-runner/microvm_cache.h"
 #include "compass-runner/microvm_control.h"
 #include "compass-runner/microvm_egress.h"
 #include "compass-runner/microvm_initramfs.h"
