@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -317,7 +318,10 @@ class MicrovmBackend final : public Backend {
                           q.initrd);
     });
 
-    if (!firewall) step("sam-box", [&] { sam_box_.waitReady(kSamBoxStartTimeout); });
+    if (!firewall) {
+      step("sam-box", [&] { sam_box_.waitReady(kSamBoxStartTimeout); });
+      sam_box_.watch();
+    }
 
     q.accel = accel_;
     q.kernel = kernel.vmlinuz;
@@ -325,8 +329,10 @@ class MicrovmBackend final : public Backend {
     memory_mib_ = q.memory_mib;
     q.cpus = spec.resources.cpus ? static_cast<int>(std::ceil(*spec.resources.cpus)) : 1;
     if (spec.resources.cpus && std::floor(*spec.resources.cpus) != *spec.resources.cpus) {
-      note("microvm: a guest has whole vCPUs: --cpus " + std::to_string(*spec.resources.cpus) +
-           " gives it " + std::to_string(q.cpus));
+      char asked[32];
+      std::snprintf(asked, sizeof asked, "%g", *spec.resources.cpus);
+      note(std::string("microvm: a guest has whole vCPUs: --cpus ") + asked + " gives it " +
+           std::to_string(q.cpus));
     }
     q.console_log = spec.state_dir + "/" + kConsoleLog;
     q.control_socket = spec.state_dir + "/" + kControlFile;

@@ -370,6 +370,7 @@ class PodmanBackend final : public Backend {
     // sam-box made its socket, but may have died since (the agent would then run with every
     // flow refused): the gate opens only onto a boundary that still runs.
     if (egress == Posture::kBoundary) step("sam-box", [&] { sam_box_.requireRunning(); });
+    sam_box_.watch();  // no-op without one
     step("exec gate", [&] {
       if (!gate_.open(tun_.get())) {
         throw RunnerError("the container's first process left its exec gate before it opened");

@@ -3,8 +3,10 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -206,7 +208,48 @@ void SamBoxProcess::throwIfExited(const char* when) {
                     tailOfFile(log_));
 }
 
+void SamBoxProcess::watch() {
+  if (pid_ <= 0 || watcher_.joinable()) return;
+  common::UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0)));
+  common::UniqueFd stop_fd(::eventfd(0, EFD_CLOEXEC));
+  if (!pidfd.valid() || !stop_fd.valid()) {
+    std::fprintf(stderr, "compass-runner: warning: cannot watch sam-box (pid %d): %s\n", pid_,
+                 std::strerror(errno));
+    return;
+  }
+  watch_stop_ = stop_fd.release();
+  watcher_ = std::thread([pid = pid_, log = log_, stop = watch_stop_, fd = std::move(pidfd)] {
+    pollfd fds[2] = {{fd.get(), POLLIN, 0}, {stop, POLLIN, 0}};
+    while (::poll(fds, 2, -1) < 0 && errno == EINTR) {
+    }
+    if (fds[1].revents != 0 || fds[0].revents == 0) return;  // stop() came first
+    // Exited: its status without reaping it (stop() still reaps).
+    siginfo_t info{};
+    std::string how = "exited";
+    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT | WNOHANG) == 0 &&
+        info.si_pid == pid) {
+      how = info.si_code == CLD_EXITED ? "exited with status " + std::to_string(info.si_status)
+                                       : "was killed by signal " + std::to_string(info.si_status);
+    }
+    std::fprintf(stderr,
+                 "compass-runner: warning: the agent's sam-box (pid %d) %s while the agent runs: "
+                 "every flow of the agent is refused from now on (its egress stays closed); the "
+                 "end of %s:\n%s\n",
+                 pid, how.c_str(), log.c_str(), tailOfFile(log).c_str());
+  });
+}
+
+void SamBoxProcess::endWatch() noexcept {
+  if (!watcher_.joinable()) return;
+  const uint64_t one = 1;
+  [[maybe_unused]] const ssize_t n = ::write(watch_stop_, &one, sizeof one);
+  watcher_.join();
+  ::close(watch_stop_);
+  watch_stop_ = -1;
+}
+
 void SamBoxProcess::stop(std::chrono::milliseconds grace) noexcept {
+  endWatch();  // an exit from here on is ours
   if (pid_ <= 0) return;
   ::kill(pid_, SIGTERM);
   const auto deadline = Clock::now() + grace;

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace runner {
@@ -76,10 +77,17 @@ class SamBoxProcess {
   void requireRunning();
   /// The pid, -1 when not running.
   [[nodiscard]] pid_t pid() const { return pid_; }
+  /// From now until stop(), a thread watches the running sam-box: if it exits on its own,
+  /// the runner says so on stderr at once ("warning: the agent's sam-box (pid N) exited ...
+  /// every flow of the agent is refused from now on", with the end of its log). The agent
+  /// keeps running, its egress closed (nothing fails open). No-op if not running.
+  void watch();
   /// SIGTERM, SIGKILL after `grace` (2 s by default), reaped. Idempotent; never throws.
   void stop(std::chrono::milliseconds grace = std::chrono::seconds(2)) noexcept;
 
  private:
+  void endWatch() noexcept;
+
   // Throws the RunnerError "sam-box <how it ended> <when>; the end of <log>: …" if it has
   // exited (reaping it), else returns.
   void throwIfExited(const char* when);
@@ -87,6 +95,8 @@ class SamBoxProcess {
   pid_t pid_ = -1;
   std::string socket_;  ///< of the last spawn()
   std::string log_;
+  std::thread watcher_;  ///< watch()'s thread; joined by stop()
+  int watch_stop_ = -1;  ///< eventfd that ends it
 };
 
 /// The last `lines` lines of the file at `path` ("" if unreadable), for error messages.

@@ -318,6 +318,25 @@ def test_agent_sees_no_operator_terminal(probes):
     assert probes["isatty"] == [False, False, False]
 
 
+def test_a_sam_box_that_dies_is_reported_and_egress_stays_closed(image, runner_hosts):
+    """The boundary killed under a running agent: the runner says so at once (it used to say
+    nothing, and the roster looked normal), and the agent's flows are refused, not let out."""
+    live = Live("sh", "-c", "sleep 3; curl -s -m 5 -o /dev/null -w '%{http_code}' "
+                "http://allowed.example/; echo \" rc=$?\"")
+    try:
+        os.kill(live.record["sam_box_pid"], signal.SIGKILL)
+        code, out = live.wait()
+        assert code == 0, live.err
+        assert "warning: the agent's sam-box (pid %d) was killed by signal 9 while the agent " \
+            "runs" % live.record["sam_box_pid"] in live.err, live.err
+        assert "every flow of the agent is refused from now on" in live.err
+        assert out.startswith("000 rc="), out  # no answer: the flow never left
+        assert not out.startswith("000 rc=0"), out
+    finally:
+        left = live.end()
+    assert left == []
+
+
 def test_agent_is_not_root_on_the_host_and_only_it_can_use_its_socket(image, runner_hosts):
     live = Live("sh", "-c", "curl -s http://allowed.example/ >/dev/null; "
                 "curl -s http://denied.example/ >/dev/null; exec sleep 120")
