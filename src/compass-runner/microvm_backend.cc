@@ -257,9 +257,6 @@ class MicrovmBackend final : public Backend {
       cache = cacheDir();
       q.qemu = findQemu();
     });
-    if (accel_ == Accel::kTcg) {
-      note("microvm: --accel tcg: the guest runs under software emulation (slow; meant for tests)");
-    }
 
     const bool firewall = posture(spec) == Posture::kFirewall;
     std::string fw_layer;
@@ -346,6 +343,10 @@ class MicrovmBackend final : public Backend {
     if (!control_) {
       step("control socket",
            [&] { control_ = std::make_unique<ControlChannel>(q.control_socket); });
+    }
+    // Said once the request was accepted: not above a refusal of it.
+    if (accel_ == Accel::kTcg) {
+      note("microvm: --accel tcg: the guest runs under software emulation (slow; meant for tests)");
     }
     guest_exists_ = true;
     step("qemu", [&] { spawnQemu(q, firewall ? netns::pathOf(netns_) : ""); });

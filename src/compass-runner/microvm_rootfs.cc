@@ -112,6 +112,9 @@ std::string imageRootfs(const std::string& image, bool default_image, const std:
   removeDeadTemporaries(cache_dir, true, podmanUnmount(conf), &notes);
   for (const auto& n : notes) note(n);
   if (::access(out.c_str(), R_OK) == 0) return out;  // another start built it meanwhile
+  // Seconds of silence otherwise (about 10 s for the default image on 2 cores).
+  note("microvm: building the guest's root image of " + image + " in " + cache_dir +
+       " (once per image; later starts reuse it)");
   const std::string mount =
       trimmed(podman::runChecked("podman image mount", conf, {"image", "mount", image}));
   try {
