@@ -239,6 +239,9 @@ void A2aDirectory::serve(const Request& req, ResponseWriter& out) {
   up.headers = forwardableHeaders(req.headers);
   up.headers.emplace_back("X-Sam-Caller", req.agent);
   up.body = req.body;
+  // An agent's task may stream (message/stream) for long: only silence ends it.
+  up.total_timeout = std::chrono::milliseconds(0);
+  up.idle_timeout = node.config.upstream_idle_timeout;
   const std::string normalised = normalisedPath(rest);
   if (normalised == kCardPath || normalised == kLegacyCardPath) {
     // Only read: another method's answer would be the card unrewritten, if the agent gave it.
@@ -248,6 +251,8 @@ void A2aDirectory::serve(const Request& req, ResponseWriter& out) {
       return;
     }
     up.url = service->target_url + "/" + normalised;
+    up.total_timeout = UpstreamRequest{}.total_timeout;  // a card is small: the usual bound
+    up.idle_timeout = std::chrono::milliseconds(0);
     UpstreamResponse r;
     try {
       r = fetch(up, kMaxCardBytes);

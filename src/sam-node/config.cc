@@ -295,7 +295,7 @@ Config parseRoot(const YAML::Node& root) {
   if (!root.IsMap()) fail("config", "must be a YAML mapping");
   checkKeys(root, "",
             {"version", "services", "secrets", "spawn", "runner", "probe_interval_ms",
-             "allow_destinations", "roles"});
+             "upstream_idle_timeout_ms", "allow_destinations", "roles"});
   if (!root["version"]) fail("version", "is required (v1)");
   const std::string version = scalar(root["version"], "version");
   if (version != "v1") fail("version", "must be v1, got " + quote(version));
@@ -324,6 +324,15 @@ Config parseRoot(const YAML::Node& root) {
     if (ec != std::errc() || end != text.data() + text.size() || value < 100 || value > 60000)
       fail("probe_interval_ms", "must be an integer from 100 to 60000, got " + quote(text));
     config.probe_interval = std::chrono::milliseconds(value);
+  }
+  if (root["upstream_idle_timeout_ms"]) {
+    const std::string text = scalar(root["upstream_idle_timeout_ms"], "upstream_idle_timeout_ms");
+    long value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (ec != std::errc() || end != text.data() + text.size() || value < 1000 || value > 3600000)
+      fail("upstream_idle_timeout_ms",
+           "must be an integer from 1000 to 3600000, got " + quote(text));
+    config.upstream_idle_timeout = std::chrono::milliseconds(value);
   }
   const auto prefixes = stringList(root["allow_destinations"], "allow_destinations");
   for (size_t i = 0; i < prefixes.size(); ++i) {

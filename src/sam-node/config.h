@@ -82,6 +82,10 @@ struct Config {
   std::vector<Role> roles;
   std::string runner = "compass-runner";
   std::chrono::milliseconds probe_interval{1000};
+  /// `upstream_idle_timeout_ms`: how long a proxied /v1 or /a2a exchange may go without a byte
+  /// from the upstream (no limit on the whole: a model may stream for an hour). Default 600 s,
+  /// the OpenAI SDKs' own request timeout.
+  std::chrono::milliseconds upstream_idle_timeout{600000};
   /// `allow_destinations: [CIDR, ...]`: the address prefixes secret-use may reach although
   /// policy::isForbiddenAddress() (loopback, link-local, ...) or the host's own interfaces
   /// would refuse them; same syntax and checks as sam-box's --allow-destination. Empty by

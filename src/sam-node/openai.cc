@@ -84,6 +84,9 @@ void serveOpenai(Node& node, const Request& req, ResponseWriter& out) {
   if (!req.query.empty()) up.url += "?" + req.query;
   up.headers = forwardableHeaders(req.headers);
   up.body = req.body;
+  // A completion may stream (or think) for longer than any fixed limit: only silence ends it.
+  up.total_timeout = std::chrono::milliseconds(0);
+  up.idle_timeout = node.config.upstream_idle_timeout;
   if (!service->api_key.empty()) {
     try {
       up.headers.emplace_back("Authorization", "Bearer " + node.secrets.read(service->api_key));

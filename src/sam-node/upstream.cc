@@ -188,6 +188,9 @@ struct Transfer {
   bool head_done = false;
   bool aborted = false;    // a callback said stop
   bool cancelled = false;  // the server is stopping, or the caller's cancel flag
+  std::chrono::milliseconds idle_timeout{0};
+  std::chrono::steady_clock::time_point last_byte = std::chrono::steady_clock::now();
+  bool idled = false;  // idle_timeout passed
   std::exception_ptr error;
   bool last_field_kept = false;  // the field an obs-fold line would continue was kept
   bool drop_logged = false;      // one log line per response, however many fields it drops
@@ -240,6 +243,7 @@ struct Transfer {
 size_t onHeader(char* data, size_t size, size_t count, void* user) {
   auto& t = *static_cast<Transfer*>(user);
   const size_t n = size * count;
+  t.last_byte = std::chrono::steady_clock::now();
   if (t.head_done) return n;  // trailers after a chunked body: not passed on
   // The line ends in CRLF (or a bare LF); only that ending is removed, so a CR inside the
   // line is seen (and refused) by addField.
@@ -272,6 +276,7 @@ size_t onHeader(char* data, size_t size, size_t count, void* user) {
 size_t onWrite(char* data, size_t size, size_t count, void* user) {
   auto& t = *static_cast<Transfer*>(user);
   const size_t n = size * count;
+  t.last_byte = std::chrono::steady_clock::now();
   try {
     if (!t.head_done && !t.deliverHead()) {
       t.aborted = true;
@@ -294,6 +299,11 @@ int onProgress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
   if (stopRequested() || (t.cancel != nullptr && t.cancel->load())) {
     t.cancelled = true;
     return 1;  // CURLE_ABORTED_BY_CALLBACK
+  }
+  if (t.idle_timeout.count() > 0 &&
+      std::chrono::steady_clock::now() - t.last_byte > t.idle_timeout) {
+    t.idled = true;
+    return 1;
   }
   return 0;
 }
@@ -326,6 +336,7 @@ bool stream(const UpstreamRequest& request, const std::function<bool(int, const 
   t.on_head = &on_head;
   t.on_data = &on_data;
   t.cancel = request.cancel;
+  t.idle_timeout = request.idle_timeout;
 
   std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)> list(nullptr, curl_slist_free_all);
   auto append = [&](const std::string& line) {
@@ -393,6 +404,9 @@ bool stream(const UpstreamRequest& request, const std::function<bool(int, const 
   }
   if (t.aborted) return false;
   if (t.cancelled && !t.head_done) throw UpstreamCancelled("cancelled: the node is stopping");
+  if (t.idled && !t.head_done) {
+    throw UpstreamError("no answer within " + std::to_string(t.idle_timeout.count()) + " ms");
+  }
   if (!t.head_done) {
     if (!pins.refused.empty() && rc == CURLE_COULDNT_CONNECT)
       throw UpstreamError("refused to connect to " + pins.refused +

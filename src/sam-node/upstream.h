@@ -63,6 +63,10 @@ struct UpstreamRequest {
   std::string body;
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds total_timeout{300000};  ///< whole exchange; 0 = none
+  /// Longest wait for the next byte from the upstream (head or body), counted from the
+  /// request's start; 0 = none. Past it, as past total_timeout: UpstreamError before the
+  /// head, an early end after it. Checked about once a second.
+  std::chrono::milliseconds idle_timeout{0};
   /// Optional: once it reads true the transfer is abandoned (UpstreamCancelled before the
   /// response head, an early end after it). Must outlive the call.
   const std::atomic<bool>* cancel = nullptr;

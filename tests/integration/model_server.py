@@ -15,7 +15,7 @@ prefix ending in /v1, so that one server stands in for several services: /alt/v1
   is `FINAL ` + JSON of the tool results the model saw (`[{"name", "content"}]`), so a test can
   assert exactly what reached the model. Without script tool calls, the first turn is final.
   `"x_bench": {"chunks": N, "bytes": B}` in the body answers N content chunks of B bytes each
-  (bench/sam_node_bench.py's streaming throughput).
+  (bench/sam_node_bench.py's streaming throughput); `"delay_ms": D` waits D ms before each.
 - `GET  /_records`: every chat request received so far, for assertions: `path`, `headers` (a
   list of [name, value] pairs, repeats kept), `body` (parsed JSON), and `done` (false until
   the answer's last byte was sent).
@@ -224,7 +224,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
                                                       "content": piece * chunks}}]})
             return
         self._start_stream()
+        delay = float(req.get("x_bench", {}).get("delay_ms", 0)) / 1000
         for _ in range(chunks):
+            if delay:
+                time.sleep(delay)
             self._chunk(req, {"content": piece})
         self._chunk(req, {}, "stop")
         self._end_stream()

@@ -14,6 +14,7 @@ import secrets
 import signal
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -441,3 +442,43 @@ def test_a_role_that_would_grant_nothing_is_refused_at_start(sam_node):  # noqa:
     n.spawn()
     assert n.wait_exit() == 2
     assert "roles[0].tools[0]" in n.stderr_text() and "one exact name" in n.stderr_text()
+
+
+def test_a_stream_longer_than_the_idle_limit_runs_on_and_silence_ends_it(sam_node,  # noqa: F811
+                                                                         model_server):  # noqa: F811,E501
+    """The upstream limit of a proxied exchange is silence, not length: a completion that
+    streams for longer than upstream_idle_timeout_ms (1 s here; 600 s by default) is passed on
+    whole, and one whose upstream goes quiet for longer is cut. (It was a 300 s cap on the whole
+    exchange, which cut long streams of reasoning models.)"""
+    n = sam_node(one_service({"name": "chat", "type": "openai", "target_url": model_server.base()},
+                             upstream_idle_timeout_ms=1000), metrics=False)
+    slow = {"model": "chat", "stream": True, "messages": [{"role": "user", "content": "s"}],
+            "x_bench": {"chunks": 10, "bytes": 8, "delay_ms": 400}}  # 4 s in all
+    started = time.monotonic()
+    status, _, body = n.request("POST", "/v1/chat/completions", agent=AGENT_ID, body=slow,
+                                timeout=30)
+    assert status == 200 and body.count(b"xxxxxxxx") == 10 and b"[DONE]" in body, body[-200:]
+    assert time.monotonic() - started > 3.5
+    model_server.hold()  # the first event, then silence until release()
+    try:
+        started = time.monotonic()
+        try:
+            status, _, body = n.request("POST", "/v1/chat/completions", agent=AGENT_ID,
+                                        body={"model": "chat", "stream": True,
+                                              "messages": [{"role": "user", "content": "s"}]},
+                                        timeout=30)
+            assert b"[DONE]" not in body, body
+        except http.client.IncompleteRead:
+            pass  # the chunked body ended without its last chunk: cut, as it should be
+        assert time.monotonic() - started < 15
+    finally:
+        model_server.release()
+    assert any(line.get("msg") == "proxied response ended early" for line in n.logs())
+    assert n.stop() == 0
+
+
+def test_upstream_idle_timeout_is_checked(sam_node):  # noqa: F811
+    n = sam_node({"version": "v1", "upstream_idle_timeout_ms": 10, "roles": []}, start=False)
+    n.spawn()
+    assert n.wait_exit() == 2
+    assert "upstream_idle_timeout_ms: must be an integer from 1000 to 3600000" in n.stderr_text()

@@ -37,6 +37,7 @@ spawn:
     command: [python3, /app/review.py]
 runner: /usr/local/bin/compass-runner
 probe_interval_ms: 250
+upstream_idle_timeout_ms: 600000
 allow_destinations: [127.0.0.1/32]
 roles:
   - name: researchers
@@ -83,6 +84,7 @@ TEST(ConfigTest, ParsesTheDocumentedExample) {
   EXPECT_EQ(c.spawnTemplate("reviewer")->command.size(), 2u);
   EXPECT_EQ(c.runner, "/usr/local/bin/compass-runner");
   EXPECT_EQ(c.probe_interval, std::chrono::milliseconds(250));
+  EXPECT_EQ(c.upstream_idle_timeout, std::chrono::milliseconds(600000));
   ASSERT_EQ(c.destinations.allowed().size(), 1u);
   EXPECT_TRUE(c.destinations.permits(asio::ip::make_address("127.0.0.1")));
   EXPECT_FALSE(c.destinations.permits(asio::ip::make_address("127.0.0.2")));
@@ -107,6 +109,7 @@ TEST(ConfigTest, DefaultsOfAMinimalFile) {
   EXPECT_TRUE(c.services.empty());
   EXPECT_EQ(c.runner, "compass-runner");
   EXPECT_EQ(c.probe_interval, std::chrono::milliseconds(1000));
+  EXPECT_EQ(c.upstream_idle_timeout, std::chrono::minutes(10));
   // No exception by default: loopback and the metadata address stay forbidden to secret-use.
   EXPECT_TRUE(c.destinations.allowed().empty());
   EXPECT_FALSE(c.destinations.permits(asio::ip::make_address("127.0.0.1")));
@@ -164,6 +167,10 @@ TEST(ConfigTest, RefusalsNameTheField) {
        "100 to 60000"},
       {edited("probe_interval_ms: 250", "probe_interval_ms: soon"), "probe_interval_ms",
        "100 to 60000"},
+      {edited("upstream_idle_timeout_ms: 600000", "upstream_idle_timeout_ms: 999"),
+       "upstream_idle_timeout_ms", "1000 to 3600000"},
+      {edited("upstream_idle_timeout_ms: 600000", "upstream_idle_timeout_ms: 1h"),
+       "upstream_idle_timeout_ms", "1000 to 3600000"},
       {edited("services: [chat, fs, code-reviewer]", "services: [chat, nope]"),
        "roles[0].services[1]", "no service named \"nope\""},
       {edited("\"fs/read_file\"", "\"git/log\""), "roles[0].tools[0]", "no service named"},
