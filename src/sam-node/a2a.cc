@@ -31,9 +31,10 @@ int hexValue(char c) {
 }
 
 // `path` as servers that normalise before routing see it (RFC 3986 §6.2.2): percent-encoded
-// unreserved characters decoded ("%2Ewell-known" is ".well-known") and empty segments dropped
-// ("a//b" is "a/b"). Only used to recognise the agent card under any spelling: every one of
-// them is answered rewritten, never with the served agent's own addresses.
+// unreserved characters decoded ("%2Ewell-known" is ".well-known"), empty segments and
+// ";parameters" dropped ("a//b;x" is "a/b"), lower case. Only used to recognise the agent card
+// under any spelling: every one of them is answered rewritten, never with the served agent's own
+// addresses.
 std::string normalisedPath(std::string_view path) {
   std::string decoded;
   for (size_t i = 0; i < path.size(); ++i) {
@@ -52,9 +53,13 @@ std::string normalisedPath(std::string_view path) {
   std::string out;
   for (size_t at = 0; at <= decoded.size();) {
     const size_t slash = std::min(decoded.find('/', at), decoded.size());
-    if (slash > at) out += (out.empty() ? "" : "/") + decoded.substr(at, slash - at);
+    // A segment's ";parameters" are dropped (servers that strip them route without them).
+    const size_t end = std::min(decoded.find(';', at), slash);
+    if (end > at) out += (out.empty() ? "" : "/") + decoded.substr(at, end - at);
     at = slash + 1;
   }
+  // Case-insensitive servers route ".Well-Known/AGENT-CARD.JSON" to the card too.
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
 }
 constexpr std::string_view kMeshBase = "http://mesh.sam.alt/a2a/";

@@ -67,8 +67,10 @@ std::optional<std::string> topLevelString(std::string_view text, std::string_vie
     if (opens(event) && depth >= max_depth) throw TooDeep{};
     switch (event) {
       case json::parse_event_t::key:
+        // Another key, kept, would leave an entry (holding a discarded value) per key: a body
+        // of a million distinct keys would build a million-entry map.
         if (depth == 1) member = parsed.get<std::string>();
-        return depth == 1;
+        return depth == 1 && member == key;
       case json::parse_event_t::value:
         // A scalar of the top-level object is at depth 1; keep only the one asked for.
         return depth == 0 || (depth == 1 && member == key && parsed.is_string());

@@ -201,25 +201,23 @@ const json& member(const json& object, std::string_view key, std::string_view fi
   return *it;
 }
 
-// The environment variables that may hold a secret of `config`: those of env:// references,
-// and bare reference names (COMPASS_SECRET_PROVIDER=env reads them from the environment).
-std::set<std::string, std::less<>> secretVariables(const Config& config) {
+// The environment variables the node's secrets and API keys are read from (env://VAR, and
+// bare names when COMPASS_SECRET_PROVIDER=env), as the secret store maps them.
+std::set<std::string, std::less<>> secretVariables(const Node& node) {
   std::set<std::string, std::less<>> out;
   auto add = [&](std::string_view ref) {
-    if (ref.starts_with("env://")) ref.remove_prefix(6);
-    if (!ref.empty() && ref.find(':') == std::string_view::npos) out.emplace(ref);
+    if (std::string var = node.secrets.variableOf(ref); !var.empty()) out.insert(std::move(var));
   };
-  for (const auto& s : config.services)
+  for (const auto& s : node.config.services)
     if (!s.api_key.empty()) add(s.api_key);
-  for (const auto& s : config.secrets) add(s.ref);
+  for (const auto& s : node.config.secrets) add(s.ref);
   return out;
 }
 
 }  // namespace
 
 struct Operations::Impl {
-  explicit Impl(Node& n)
-      : node(n), runners(runnerEnvironment(environ, secretVariables(n.config))) {}
+  explicit Impl(Node& n) : node(n), runners(runnerEnvironment(environ, secretVariables(n))) {}
   Node& node;
   PendingSpawns pending;
   SpawnedRunners runners;

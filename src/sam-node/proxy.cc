@@ -106,6 +106,9 @@ Headers forwardableHeaders(const Headers& headers) {
 
 std::string_view pathProblem(std::string_view path) {
   if (path.find('\\') != std::string_view::npos) return "a backslash";
+  // Never part of a request target (RFC 9112 §3.2); libcurl would drop it, so the upstream
+  // would see another path than the one checked.
+  if (path.find('#') != std::string_view::npos) return "a '#'";
   if (!wellFormedEscapes(path)) return "a '%' not followed by two hex digits";
   while (!path.empty()) {
     const size_t slash = path.find('/');

@@ -201,6 +201,15 @@ void SecretStore::validate(std::string_view ref) const {
   parseRef(ref, data_dir_, parseProvider(default_provider_));
 }
 
+std::string SecretStore::variableOf(std::string_view ref) const {
+  try {
+    ParsedRef parsed = parseRef(ref, data_dir_, parseProvider(default_provider_));
+    return parsed.provider == Provider::kEnv ? parsed.target : "";
+  } catch (const SecretError&) {
+    return "";
+  }
+}
+
 std::string SecretStore::read(std::string_view ref) const {
   ParsedRef parsed = parseRef(ref, data_dir_, parseProvider(default_provider_));
   switch (parsed.provider) {

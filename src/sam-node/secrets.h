@@ -28,6 +28,10 @@ class SecretStore {
   /// Reads the value (one trailing newline of a file is dropped). Throws SecretError: missing
   /// file/variable/item, empty value, no Secret Service reachable.
   [[nodiscard]] std::string read(std::string_view ref) const;
+  /// The environment variable `ref` is read from (env://VAR, or a bare name with the env
+  /// provider: upper case, '-' as '_'), or "" for another provider or an invalid reference.
+  /// Never throws.
+  [[nodiscard]] std::string variableOf(std::string_view ref) const;
 
  private:
   std::string data_dir_;

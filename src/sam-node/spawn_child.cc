@@ -175,9 +175,8 @@ struct SpawnedRunners::Child {
 
 std::vector<std::string> runnerEnvironment(char* const* env,
                                            const std::set<std::string, std::less<>>& secret_vars) {
-  static constexpr std::string_view kNames[] = {"PATH",   "HOME",           "USER",     "LOGNAME",
-                                                "SHELL",  "LANG",           "LANGUAGE", "TZ",
-                                                "TMPDIR", "XDG_RUNTIME_DIR"};
+  static constexpr std::string_view kNames[] = {"PATH", "HOME",     "USER", "LOGNAME", "SHELL",
+                                                "LANG", "LANGUAGE", "TZ",   "TMPDIR"};
   static constexpr std::string_view kPrefixes[] = {"LC_", "COMPASS_", "CONTAINERS_"};
   std::vector<std::string> out;
   for (char* const* e = env; e != nullptr && *e != nullptr; ++e) {

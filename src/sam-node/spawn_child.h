@@ -91,7 +91,8 @@ class PendingSpawns {
 
 /// The environment a spawned runner gets, from `env` (the node's own, as `environ`): only
 /// what a runner and the tools it starts read (PATH, HOME, USER, LOGNAME, SHELL, LANG,
-/// LANGUAGE, LC_*, TZ, TMPDIR, XDG_RUNTIME_DIR, COMPASS_*, CONTAINERS_*), and of those none
+/// LANGUAGE, LC_*, TZ, TMPDIR, COMPASS_*, CONTAINERS_*; not XDG_RUNTIME_DIR: the
+/// node user's session bus and keyring), and of those none
 /// named in `secret_vars` (the variables behind env:// secrets and API keys). Everything else
 /// of the node's environment, its secrets above all, stays out: the host tier hands the
 /// runner's environment to the agent.

@@ -473,7 +473,11 @@ def test_a2a_listing_and_card_point_through_the_node(sock):
                                     "/a2a/bar/.well-known//agent-card.json",
                                     "/a2a/bar/%2Ewell-known/agent-card.json",
                                     "/a2a/bar/.well-known/agent%2Dcard.json",
-                                    "/a2a/bar/.well-known/agent.json"])
+                                    "/a2a/bar/.well-known/agent.json",
+                                    "/a2a/bar/.well-known/agent-card.json#x",
+                                    "/a2a/bar/.well-known;x/agent-card.json",
+                                    "/a2a/bar/.well-known/agent-card.json;v=1",
+                                    "/a2a/bar/.Well-Known/AGENT-CARD.JSON"])
 def test_every_spelling_of_the_card_is_rewritten(sock, target):
     """HOLE (info leak): only GET of exactly .well-known/agent-card.json was rewritten
     (a2a.cc); '//', '%2E' and the legacy agent.json returned the card with the served agent's

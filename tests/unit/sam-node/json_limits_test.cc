@@ -105,6 +105,12 @@ TEST(JsonLimits, TopLevelStringKeepsOnlyThatMember) {
   EXPECT_EQ(topLevelString(R"("model")", "model"), std::nullopt);
   EXPECT_EQ(topLevelString("{oops", "model"), std::nullopt);
   EXPECT_EQ(topLevelString(R"({"model":"x",)" + nested(500000) + "}", "model"), std::nullopt);
+  // Duplicate keys: the last one wins, as for the whole parse.
+  EXPECT_EQ(topLevelString(R"({"model":"a","model":"b"})", "model"), "b");
+  // A million distinct keys beside it: none is kept (each used to leave a map entry).
+  std::string keys = "{";
+  for (int i = 0; i < 1000000; ++i) keys += "\"" + std::to_string(i) + "\":0,";
+  EXPECT_EQ(topLevelString(keys + R"("model":"k"})", "model"), "k");
   // No value limit: a million token ids route like any request.
   EXPECT_EQ(topLevelString(R"({"input":)" + zeros(1000000) + R"(,"model":"embed"})", "model"),
             "embed");

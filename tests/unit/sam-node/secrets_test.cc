@@ -91,6 +91,17 @@ TEST_F(SecretsTest, Env) {
   EXPECT_THROW(store.validate("env://A-B"), SecretError);
 }
 
+TEST_F(SecretsTest, VariableOfNamesWhatTheEnvProviderReads) {
+  SecretStore file_default(dir_.string(), "file");
+  EXPECT_EQ(file_default.variableOf("env://MODEL_KEY"), "MODEL_KEY");
+  EXPECT_EQ(file_default.variableOf("compass-api-key"), "");  // a file under data-dir
+  EXPECT_EQ(file_default.variableOf("file:///etc/k"), "");
+  EXPECT_EQ(file_default.variableOf("env://"), "");  // invalid: nothing, no throw
+  SecretStore env_default(dir_.string(), "env");
+  EXPECT_EQ(env_default.variableOf("compass-api-key"), "COMPASS_API_KEY");
+  EXPECT_EQ(env_default.variableOf("keyring://x"), "");
+}
+
 TEST_F(SecretsTest, BareNameWithFileProvider) {
   write(dir_ / "secrets" / "github-token", "gh-value\n");
   SecretStore store(dir_.string(), "file");
