@@ -39,18 +39,28 @@ inline constexpr std::chrono::milliseconds kIdleTimeout = std::chrono::minutes(5
 /// (slowloris) holds a thread for at most this long.
 inline constexpr std::chrono::milliseconds kRequestHeadTimeout = std::chrono::seconds(30);
 
+/// At the connection limit with no idle connection, a connection whose request has been
+/// arriving for longer than this is closed (408 "slow-request-evicted") to make room: a client
+/// trickling a head or a body cannot hold a slot against others once the node is full.
+inline constexpr std::chrono::milliseconds kSlowRequest = std::chrono::seconds(5);
+/// Request body bytes buffered by all connections at once; a body that would pass it is
+/// answered 503 "node-busy" (each body is parsed and copied a few times: this bounds that).
+inline constexpr size_t kMaxBodiesHeld = size_t{256} * 1024 * 1024;
+
 /// The server's connection limits; tests shorten them.
 struct ServerLimits {
   std::chrono::milliseconds idle_timeout = kIdleTimeout;
   std::chrono::milliseconds head_timeout = kRequestHeadTimeout;
   size_t connections = kMaxConnections;
   size_t connections_per_peer = kMaxConnectionsPerPeer;
+  std::chrono::milliseconds slow_request = kSlowRequest;
+  size_t bodies_held = kMaxBodiesHeld;
 };
 
 /// Told the kebab-case reason of every request or connection the server itself refuses or
 /// closes at a limit ("malformed-request", "head-too-large", "body-too-large",
 /// "too-many-connections", "upgrade-not-supported", "idle-timeout", "idle-evicted",
-/// "request-head-timeout");
+/// "slow-request-evicted", "node-busy", "request-head-timeout");
 /// the node counts them in
 /// sam_node_refusals_total. Called from connection threads: must be thread-safe.
 using RefusalCounter = std::function<void(std::string_view reason)>;

@@ -50,8 +50,19 @@ struct Parse {
   bool head_complete = false;  // ... and its head is complete
   Clock::time_point head_started;
   int fd = -1;
+  // Bytes of request bodies held by every connection at once (the server's), this one's share
+  // of it, and the limit: past it a body is refused (503 node-busy) rather than buffered.
+  std::atomic<size_t>* bodies_held = nullptr;
+  size_t held = 0;
+  size_t bodies_limit = 0;
+  bool over_budget = false;
 
   static Parse& of(llhttp_t* p) { return *static_cast<Parse*>(p->data); }
+  // Gives this connection's share of the body budget back (its request is done or dropped).
+  void releaseBody() {
+    if (bodies_held != nullptr && held > 0) bodies_held->fetch_sub(held);
+    held = 0;
+  }
   bool countHead(size_t n) {
     head_bytes += n;
     if (head_bytes > kMaxHeadBytes) head_too_large = true;
@@ -118,6 +129,14 @@ int onBody(llhttp_t* p, const char* at, size_t len) {
     s.body_too_large = true;
     return -1;
   }
+  if (s.bodies_held != nullptr) {
+    if (s.bodies_held->fetch_add(len) + len > s.bodies_limit) {
+      s.bodies_held->fetch_sub(len);
+      s.over_budget = true;
+      return -1;
+    }
+    s.held += len;
+  }
   s.req.body.append(at, len);
   return 0;
 }
@@ -176,16 +195,18 @@ struct HttpServer::Impl {
   common::UniqueFd wake_read, wake_write;
   std::mutex mu;
   std::condition_variable idle;
-  // One open connection. `idle`: its thread waits for the first byte of a next request (the
-  // only state in which it may be closed to make room); `evicted`: it was, and its thread
-  // leaves without reading more.
+  // What one connection's thread is doing: only kIdle (waiting between requests) and
+  // kReceiving (a request arriving, for longer than limits.slow_request) may be closed to make
+  // room for a new connection; never kHandling (a request being answered) or kNew.
+  enum class Phase { kNew, kIdle, kReceiving, kHandling };
   struct Conn {
     pid_t peer = 0;
-    bool idle = false;
-    bool evicted = false;
-    Clock::time_point idle_since;
+    Phase phase = Phase::kNew;
+    bool evicted = false;     // closed to make room: its thread leaves without reading more
+    Clock::time_point since;  // when `phase` began
   };
-  std::map<int, Conn> conns;  // by fd: shut down by stop()
+  std::map<int, Conn> conns;           // by fd: shut down by stop()
+  std::atomic<size_t> bodies_held{0};  // request body bytes buffered by all connections
   std::atomic<bool> stopping{false};
 
   void serveConnection(common::UniqueFd fd);
@@ -200,22 +221,31 @@ struct HttpServer::Impl {
   // request head is incomplete, else the idle limit. False if the limit passed (answered and
   // counted here) or the socket failed.
   bool awaitBytes(int fd, const Parse& state);
-  // The connection `fd` waits between requests (may be evicted) or not. setIdle(fd, false) is
-  // false when it was evicted meanwhile: its thread must then stop.
-  bool setIdle(int fd, bool idle);
+  // The connection `fd` now does `phase`; false if it was evicted meanwhile (its thread must
+  // then stop).
+  bool setPhase(int fd, Phase phase);
+  // Whether `fd` was evicted (its thread then answers a request it was receiving with 408).
+  bool evicted(int fd);
   // Under `mu`, a new connection from `peer` is to be added: false (with the reason for the
-  // log) if it must be refused; at the total limit, evicts the longest-idle connection.
+  // log) if it must be refused; at the total limit, evicts the longest-idle connection, else
+  // the one receiving a request for longest (past limits.slow_request).
   bool admit(pid_t peer, std::string& refusal);
 };
 
-bool HttpServer::Impl::setIdle(int fd, bool now_idle) {
+bool HttpServer::Impl::setPhase(int fd, Phase phase) {
   std::lock_guard lock(mu);
   const auto it = conns.find(fd);
   if (it == conns.end() || it->second.evicted) return false;
   Conn& c = it->second;
-  if (now_idle && !c.idle) c.idle_since = Clock::now();
-  c.idle = now_idle;
+  if (c.phase != phase) c.since = Clock::now();
+  c.phase = phase;
   return true;
+}
+
+bool HttpServer::Impl::evicted(int fd) {
+  std::lock_guard lock(mu);
+  const auto it = conns.find(fd);
+  return it != conns.end() && it->second.evicted;
 }
 
 bool HttpServer::Impl::admit(pid_t peer, std::string& refusal) {
@@ -226,26 +256,34 @@ bool HttpServer::Impl::admit(pid_t peer, std::string& refusal) {
     return false;
   }
   if (conns.size() < limits.connections) return true;
-  auto oldest = conns.end();
+  const auto now = Clock::now();
+  auto idle = conns.end(), slow = conns.end();
   for (auto it = conns.begin(); it != conns.end(); ++it) {
-    // Bytes already waiting are a request its thread has not read yet: not idle.
-    int pending = 0;
-    if (::ioctl(it->first, FIONREAD, &pending) != 0 || pending > 0) continue;
-    if (it->second.idle && !it->second.evicted &&
-        (oldest == conns.end() || it->second.idle_since < oldest->second.idle_since))
-      oldest = it;
+    const Conn& c = it->second;
+    if (c.evicted) continue;
+    if (c.phase == Phase::kIdle) {
+      // Bytes already waiting are a request its thread has not read yet: not idle.
+      int pending = 0;
+      if (::ioctl(it->first, FIONREAD, &pending) != 0 || pending > 0) continue;
+      if (idle == conns.end() || c.since < idle->second.since) idle = it;
+    } else if (c.phase == Phase::kReceiving && now - c.since > limits.slow_request) {
+      if (slow == conns.end() || c.since < slow->second.since) slow = it;
+    }
   }
-  if (oldest == conns.end()) {
+  const auto victim = idle != conns.end() ? idle : slow;
+  if (victim == conns.end()) {
     refusal = "connections";
     return false;
   }
-  // Its thread sees the end of the stream (or `evicted` once it wakes) and closes it: an
-  // ordinary end of keep-alive (RFC 9112 §9.5) for a client between requests.
-  oldest->second.evicted = true;
-  ::shutdown(oldest->first, SHUT_RDWR);
-  common::log::info("connection closed",
-                    {{"reason", "idle-evicted"}, {"peer_pid", oldest->second.peer}});
-  if (refusals) refusals("idle-evicted");
+  // Its thread sees the end of the stream and leaves: between requests, an ordinary end of
+  // keep-alive (RFC 9112 §9.5); mid-request, after a 408 (the write side stays open for it).
+  victim->second.evicted = true;
+  const bool was_idle = victim == idle;
+  ::shutdown(victim->first, was_idle ? SHUT_RDWR : SHUT_RD);
+  const char* reason = was_idle ? "idle-evicted" : "slow-request-evicted";
+  common::log::info("connection closed to make room",
+                    {{"reason", reason}, {"peer_pid", victim->second.peer}});
+  if (refusals) refusals(reason);
   return true;
 }
 
@@ -300,15 +338,17 @@ void HttpServer::Impl::serveConnection(common::UniqueFd fd) {
   llhttp_init(&parser, HTTP_REQUEST, &settings);
   Parse state;
   state.fd = fd.get();
+  state.bodies_held = &bodies_held;
+  state.bodies_limit = limits.bodies_held;
   parser.data = &state;
   tl_stopping = &stopping;
 
   std::string buffer(kReadBuffer, '\0');
   bool open = true;
   while (open && !stopping.load()) {
-    if (!state.in_message && !setIdle(fd.get(), true)) break;
+    if (!setPhase(fd.get(), state.in_message ? Phase::kReceiving : Phase::kIdle)) break;
     if (!awaitBytes(fd.get(), state)) break;
-    if (!state.in_message && !setIdle(fd.get(), false)) break;
+    if (!setPhase(fd.get(), Phase::kReceiving)) break;
     const ssize_t n = ::recv(fd.get(), buffer.data(), buffer.size(), 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -321,6 +361,10 @@ void HttpServer::Impl::serveConnection(common::UniqueFd fd) {
         const char* pos = llhttp_get_error_pos(&parser);
         left -= static_cast<size_t>(pos - data);
         data = pos;
+        if (!setPhase(fd.get(), Phase::kHandling)) {
+          open = false;
+          break;
+        }
         Request req = std::move(state.req);
         finishRequest(req);
         const bool head = req.method == "HEAD";
@@ -338,6 +382,7 @@ void HttpServer::Impl::serveConnection(common::UniqueFd fd) {
           open = false;
         }
         if (!out.reusable()) open = false;
+        state.releaseBody();
         llhttp_resume(&parser);
         continue;
       }
@@ -346,6 +391,11 @@ void HttpServer::Impl::serveConnection(common::UniqueFd fd) {
         // bytes after the head would be the other protocol's): refuse and close.
         refused("request refused", "upgrade-not-supported");
         sendError(fd.get(), 400, "upgrade-not-supported", "protocol upgrade is not supported");
+      } else if (state.over_budget) {
+        refused("request refused", "node-busy", {{"limit", limits.bodies_held}});
+        sendError(fd.get(), 503, "node-busy",
+                  "the node holds " + std::to_string(limits.bodies_held >> 20) +
+                      " MiB of request bodies already; retry later");
       } else if (state.body_too_large) {
         refused("request refused", "body-too-large");
         sendError(fd.get(), 413, "body-too-large",
@@ -363,6 +413,13 @@ void HttpServer::Impl::serveConnection(common::UniqueFd fd) {
       open = false;
     }
   }
+  // Closed to make room while its request was still arriving (admit()): told so.
+  if (state.in_message && evicted(fd.get())) {
+    sendError(fd.get(), 408, "slow-request-evicted",
+              "request not complete after " + std::to_string(limits.slow_request.count()) +
+                  " ms while the node was full");
+  }
+  state.releaseBody();
   tl_stopping = nullptr;
   std::lock_guard lock(mu);
   conns.erase(fd.get());

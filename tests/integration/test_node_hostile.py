@@ -207,16 +207,18 @@ def holders(fresh_node):
         h.close()
 
 
-def test_connection_cap_answers_503(fresh_node, holders):
+def test_connection_cap_answers_503_then_closes_the_slowest_request(fresh_node, holders):
     """Every slot held by requests in progress (heads not complete, from five peers of
-    PER_PEER each): the next connection is answered 503, until they go."""
+    PER_PEER each): while they are younger than 5 s (kSlowRequest) the next connection is
+    answered 503; past that, the one arriving longest is closed (408) to let it in. (Five
+    colluding agents trickling requests locked every agent out for as long as they liked.)"""
     sock_path = fresh_node.socket_path
     held = sum(holders.hold(PER_PEER, b"GET /v1/models HTTP/1.1\r\n")[0] for _ in range(5))
     assert held == MAX_CONNECTIONS, held
     assert try_raw(sock_path, b"").startswith(b"HTTP/1.1 503 ")
-    holders.close()
     wait_for(lambda: call(sock_path, "GET", "/v1/models", READER).status == 200, timeout=20,
-             what="the node to serve again once the held connections closed")
+             what="the node to close a slow request to make room")
+    assert any(line.get("reason") == "slow-request-evicted" for line in fresh_node.logs())
 
 
 def test_one_peer_cannot_take_every_connection(fresh_node, holders):

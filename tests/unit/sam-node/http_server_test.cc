@@ -287,6 +287,62 @@ TEST(HttpServerTest, SlowRequestHeadIs408AtTheHeadLimit) {
   EXPECT_THAT(s.refusals(), testing::ElementsAre("request-head-timeout"));
 }
 
+// Whether `fd` has something to read (an answer or the close) within `ms`.
+bool readable(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, ms) > 0;
+}
+
+TEST(HttpServerTest, AFullServerClosesASlowRequestToMakeRoom) {
+  using std::chrono::milliseconds;
+  Served s(echo(), {.connections = 2, .slow_request = milliseconds(100)});
+  auto body = s.connect();  // a body that stops half-way
+  sendAll(body.get(), "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab");
+  auto head = s.connect();  // a head that stops half-way
+  sendAll(head.get(), "GET / HTTP/1.1\r\nHost: x\r\nX-Slow");
+  std::this_thread::sleep_for(milliseconds(300));
+  auto fresh = s.connect();
+  sendAll(fresh.get(), "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_THAT(readToEof(fresh.get()), StartsWith("HTTP/1.1 200 OK"));
+  // One of the two trickling requests was closed with a 408 to let it in; the other waits on.
+  const bool first = readable(body.get(), 2000);
+  const int evicted = first ? body.get() : head.get();
+  const std::string answer = readToEof(evicted);
+  EXPECT_THAT(answer, StartsWith("HTTP/1.1 408 "));
+  EXPECT_THAT(answer, HasSubstr("slow-request-evicted"));
+  EXPECT_FALSE(readable(first ? head.get() : body.get(), 200));
+  EXPECT_THAT(s.refusals(), testing::ElementsAre("slow-request-evicted"));
+}
+
+TEST(HttpServerTest, AFullServerRefusesWhenNoConnectionMayBeClosed) {
+  // Both requests arriving, but not for longer than slow_request: neither is closed.
+  Served s(echo(), {.connections = 1, .slow_request = std::chrono::minutes(1)});
+  auto held = s.connect();
+  sendAll(held.get(), "GET / HTTP/1.1\r\nHost: x\r\nX-Slow");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto refused = s.connect();
+  EXPECT_THAT(readToEof(refused.get()), StartsWith("HTTP/1.1 503 "));
+  EXPECT_FALSE(readable(held.get(), 100));
+}
+
+TEST(HttpServerTest, BodiesPastTheBudgetAre503AndTheBudgetComesBack) {
+  Served s(echo(), {.bodies_held = size_t{1} << 20});
+  auto big = s.connect();
+  sendAll(big.get(), "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2097152\r\n\r\n" +
+                         std::string(size_t{2} << 20, 'a'));
+  const std::string answer = readToEof(big.get());
+  EXPECT_THAT(answer, StartsWith("HTTP/1.1 503 "));
+  EXPECT_THAT(answer, HasSubstr("node-busy"));
+  for (int i = 0; i < 3; ++i) {  // what it held was given back: 3 x 768 KiB one after another
+    auto fd = s.connect();
+    sendAll(fd.get(),
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 786432\r\n"
+            "Connection: close\r\n\r\n" +
+                std::string(786432, 'a'));
+    EXPECT_THAT(readToEof(fd.get()), StartsWith("HTTP/1.1 200 OK"));
+  }
+}
+
 TEST(HttpServerTest, MalformedRequestIsCountedAsARefusal) {
   Served s(echo());
   auto fd = s.connect();
