@@ -2,9 +2,11 @@
 
 #include <dirent.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <asio/read.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -72,12 +74,32 @@ std::set<pid_t> descendantsOf(pid_t root) {
   return out;
 }
 
+// Descriptors nano-init wants: two per flow at the netstack's cap (4096 TCP flows; a flow
+// over HTTP/2 holds a socketpair), plus UDP flows and its own.
+constexpr rlim_t kFlowDescriptors = 16384;
+
+// Raises RLIMIT_NOFILE as far as allowed (best effort: a lower limit only means fewer flows,
+// refused once it is reached) and returns the limit as it was.
+rlimit raiseNofile() {
+  rlimit found{};
+  if (::getrlimit(RLIMIT_NOFILE, &found) != 0) return found;
+  if (found.rlim_cur >= kFlowDescriptors) return found;
+  rlimit want{kFlowDescriptors, std::max(found.rlim_max, kFlowDescriptors)};
+  if (found.rlim_max == RLIM_INFINITY) want.rlim_max = RLIM_INFINITY;
+  if (::setrlimit(RLIMIT_NOFILE, &want) != 0) {
+    want = {std::min(found.rlim_max, kFlowDescriptors), found.rlim_max};  // no CAP_SYS_RESOURCE
+    ::setrlimit(RLIMIT_NOFILE, &want);
+  }
+  return found;
+}
+
 }  // namespace
 
 Supervisor::Supervisor(asio::io_context& io, std::chrono::milliseconds grace)
     : io_(io),
       grace_(grace),
       pid1_(::getpid() == 1),
+      agent_nofile_(raiseNofile()),
       signals_(io, makeSignalFd(&old_mask_)),
       grace_timer_(io) {
   if (!pid1_ && ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
@@ -105,6 +127,7 @@ pid_t Supervisor::spawn(const std::vector<std::string>& argv,
     // The child: the agent must not outlive the boundary it depends on.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+    if (agent_nofile_.rlim_cur != 0) ::setrlimit(RLIMIT_NOFILE, &agent_nofile_);
     try {
       in_child();
     } catch (const std::exception& e) {

@@ -4,6 +4,7 @@
 // period, kill the rest, and report the child's status (128+N for a signal). When nano-init is
 // not PID 1 it becomes a child subreaper, so orphans still come to it.
 
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/types.h>
 #include <asio/io_context.hpp>
@@ -26,7 +27,11 @@ inline constexpr std::chrono::milliseconds kGracePeriod{2000};
 class Supervisor {
  public:
   /// Blocks SIGCHLD and the forwarded signals (read through a signalfd on `io`) and, when
-  /// not PID 1, sets PR_SET_CHILD_SUBREAPER. Call before anything forks.
+  /// not PID 1, sets PR_SET_CHILD_SUBREAPER. Call before anything forks. Also raises
+  /// nano-init's own RLIMIT_NOFILE towards kFlowDescriptors (a flow holds one descriptor, two
+  /// over HTTP/2; containers and the guest start it at 1024, which ran out near 500 flows),
+  /// the hard limit too where it may (root in a microVM guest); spawn() gives the agent the
+  /// limit nano-init found.
   explicit Supervisor(asio::io_context& io, std::chrono::milliseconds grace = kGracePeriod);
   ~Supervisor();
   Supervisor(const Supervisor&) = delete;
@@ -59,6 +64,7 @@ class Supervisor {
   std::chrono::milliseconds grace_;
   bool pid1_;
   sigset_t old_mask_{};
+  rlimit agent_nofile_{};  // RLIMIT_NOFILE as nano-init found it: the agent gets it back
   asio::posix::stream_descriptor signals_;
   asio::steady_timer grace_timer_;
   signalfd_siginfo info_{};

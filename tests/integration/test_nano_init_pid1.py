@@ -122,6 +122,22 @@ def test_agent_gets_no_user_namespace_and_no_vsock(nano, dummy_boundary):
     assert r.returncode != 0 and "Operation not permitted" in r.stderr, r
 
 
+def test_nano_init_takes_descriptors_for_its_flows_and_the_agent_keeps_its_limit(
+        nano, dummy_boundary):
+    """Started at a soft nofile of 1024 (a guest's), nano-init ran out of descriptors near 500
+    flows over HTTP/2 (a socketpair each): it raises its own limit as far as it may (here to
+    the hard limit: root on this host lacks CAP_SYS_RESOURCE; a microVM guest's root has it),
+    and gives the agent the one it was started with."""
+    script = "grep 'open files' /proc/1/limits; ulimit -Sn; ulimit -Hn"
+    r = subprocess.run(nano_command(dummy_boundary.path, ["sh", "-c", script],
+                                    prefix=["prlimit", "--nofile=1024:16384", "--"]),
+                       capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    limits, soft, hard = r.stdout.splitlines()
+    assert limits.split()[3:5] == ["16384", "16384"], limits  # nano-init, PID 1
+    assert (soft, hard) == ("1024", "16384"), r.stdout  # the agent
+
+
 def test_inherited_descriptors_do_not_reach_the_agent(nano, dummy_boundary):
     """A descriptor nano-init's launcher leaked (here a pipe at fd 47) must not cross into the
     agent: an open socket in the host's netns would be a way around tun0."""
