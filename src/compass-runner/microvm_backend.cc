@@ -327,7 +327,7 @@ class MicrovmBackend final : public Backend {
     q.cpus = spec.resources.cpus ? static_cast<int>(std::ceil(*spec.resources.cpus)) : 1;
     if (spec.resources.cpus && std::floor(*spec.resources.cpus) != *spec.resources.cpus) {
       char asked[32];
-      std::snprintf(asked, sizeof asked, "%g", *spec.resources.cpus);
+      static_cast<void>(std::snprintf(asked, sizeof asked, "%g", *spec.resources.cpus));
       note(std::string("microvm: a guest has whole vCPUs: --cpus ") + asked + " gives it " +
            std::to_string(q.cpus));
     }

@@ -112,7 +112,7 @@ std::string cacheDirSetting() {
 }
 
 std::string cacheDir() {
-  const std::string dir = cacheDirSetting();
+  std::string dir = cacheDirSetting();
   std::error_code ec;
   fs::create_directories(fs::path(dir).parent_path(), ec);
   // The cache dir itself is made 0700 from the start: the umask can only take bits away.
@@ -199,9 +199,11 @@ std::vector<std::string> removeDeadTemporaries(const std::string& cache_dir, boo
         if (!image.empty() && unmount) {
           const std::string failed = unmount(image);
           if (!failed.empty() && notes != nullptr) {
-            notes->push_back("could not unmount podman image " + image + " (mounted by a build " +
-                             "whose runner, pid " + std::to_string(*writer) + ", is gone: " +
-                             failed + "); run `podman image unmount " + image + "`");
+            std::string note = "could not unmount podman image " + image;
+            note += " (mounted by a build whose runner, pid " + std::to_string(*writer);
+            note += ", is gone: " + failed;
+            note += "); run `podman image unmount " + image + "`";
+            notes->push_back(std::move(note));
           }
         }
       } else {

@@ -213,8 +213,9 @@ void SamBoxProcess::watch() {
   common::UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0)));
   common::UniqueFd stop_fd(::eventfd(0, EFD_CLOEXEC));
   if (!pidfd.valid() || !stop_fd.valid()) {
-    std::fprintf(stderr, "compass-runner: warning: cannot watch sam-box (pid %d): %s\n", pid_,
-                 std::strerror(errno));
+    static_cast<void>(std::fprintf(stderr,
+                                   "compass-runner: warning: cannot watch sam-box (pid %d): %s\n",
+                                   pid_, std::strerror(errno)));
     return;
   }
   watch_stop_ = stop_fd.release();
@@ -231,11 +232,12 @@ void SamBoxProcess::watch() {
       how = info.si_code == CLD_EXITED ? "exited with status " + std::to_string(info.si_status)
                                        : "was killed by signal " + std::to_string(info.si_status);
     }
-    std::fprintf(stderr,
-                 "compass-runner: warning: the agent's sam-box (pid %d) %s while the agent runs: "
-                 "every flow of the agent is refused from now on (its egress stays closed); the "
-                 "end of %s:\n%s\n",
-                 pid, how.c_str(), log.c_str(), tailOfFile(log).c_str());
+    static_cast<void>(std::fprintf(
+        stderr,
+        "compass-runner: warning: the agent's sam-box (pid %d) %s while the agent runs: "
+        "every flow of the agent is refused from now on (its egress stays closed); the "
+        "end of %s:\n%s\n",
+        pid, how.c_str(), log.c_str(), tailOfFile(log).c_str()));
   });
 }
 

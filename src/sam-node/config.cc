@@ -190,8 +190,9 @@ SpawnTemplate parseSpawn(const YAML::Node& node, const std::string& field) {
   if (t.bundle.front() != '/') fail(field + ".bundle", "must be an absolute path");
   t.backend = requiredString(node, "backend", field);
   // compass-runner's Linux tiers (seed 002 SelectBackend); apple-container needs macOS.
-  if (t.backend != "podman" && t.backend != "microvm" && t.backend != "host")
+  if (t.backend != "podman" && t.backend != "microvm" && t.backend != "host") {
     fail(field + ".backend", "must be podman, microvm or host, got " + quote(t.backend));
+  }
   if (!node["command"]) fail(field + ".command", "is required");
   t.command = stringList(node["command"], field + ".command");
   if (t.command.empty()) fail(field + ".command", "must not be empty");
@@ -219,10 +220,11 @@ Role parseRole(const YAML::Node& node, const std::string& field, const Config& c
   Role r;
   r.name = label(node, field);
   const auto agents = stringList(node["allowed_agents"], field + ".allowed_agents");
-  if (agents.empty())
+  if (agents.empty()) {
     fail(field + ".allowed_agents",
          "must name at least one agent id or \"*.<namespace>\" (a role without one grants "
          "nothing)");
+  }
   for (size_t i = 0; i < agents.size(); ++i)
     r.allowed_agents.push_back(
         parseAgentPattern(agents[i], field + ".allowed_agents[" + std::to_string(i) + "]"));
@@ -243,14 +245,16 @@ Role parseRole(const YAML::Node& node, const std::string& field, const Config& c
     if (s->type != ServiceType::kMcp) fail(f, quote(g.service) + " is not an mcp service");
     // A tool is named exactly, or "*" for all of the service's: "read*" would grant only a
     // tool literally called "read*", never what it appears to.
-    if (g.tool != "*" && g.tool.find_first_of("* \t") != std::string::npos)
+    if (g.tool != "*" && g.tool.find_first_of("* \t") != std::string::npos) {
       fail(f, quote(tools[i]) + ": a tool is one exact name or \"*\" (no patterns, no spaces)");
+    }
     // A tool is usable only with its service (Grants::mayUseTool); a role that grants the
     // tool but not the service would grant nothing to an agent that has no other role.
-    if (std::find(r.services.begin(), r.services.end(), g.service) == r.services.end())
+    if (std::find(r.services.begin(), r.services.end(), g.service) == r.services.end()) {
       fail(f, quote(g.service) +
                   " is not in this role's services (a tool grant needs its "
                   "service granted in the same role)");
+    }
     r.tools.push_back(std::move(g));
   }
   r.spawn = stringList(node["spawn"], field + ".spawn");
@@ -329,9 +333,10 @@ Config parseRoot(const YAML::Node& root) {
     const std::string text = scalar(root["upstream_idle_timeout_ms"], "upstream_idle_timeout_ms");
     long value = 0;
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (ec != std::errc() || end != text.data() + text.size() || value < 1000 || value > 3600000)
+    if (ec != std::errc() || end != text.data() + text.size() || value < 1000 || value > 3600000) {
       fail("upstream_idle_timeout_ms",
            "must be an integer from 1000 to 3600000, got " + quote(text));
+    }
     config.upstream_idle_timeout = std::chrono::milliseconds(value);
   }
   const auto prefixes = stringList(root["allow_destinations"], "allow_destinations");
