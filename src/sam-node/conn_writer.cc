@@ -177,6 +177,12 @@ bool ConnWriter::send(std::initializer_list<std::string_view> parts) {
   for (std::string_view p : parts)
     if (n < kMaxParts) pieces[n++] = p;
   ok_ = writeAll(fd_, std::span<const std::string_view>(pieces, n));
+  if (!ok_ && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    // SO_SNDTIMEO (ServerLimits::send_timeout) passed with nothing taken: a client that does
+    // not read its answers must not hold a connection (and a thread) for ever.
+    common::log::warn("response abandoned", {{"reason", "send-timeout"}, {"status", status_}});
+    if (refusals_ != nullptr && *refusals_) (*refusals_)("send-timeout");
+  }
   pending_head_.clear();
   return ok_;
 }

@@ -47,6 +47,11 @@ inline constexpr std::chrono::milliseconds kSlowRequest = std::chrono::seconds(5
 /// answered 503 "node-busy" (each body is parsed and copied a few times: this bounds that).
 inline constexpr size_t kMaxBodiesHeld = size_t{256} * 1024 * 1024;
 
+/// A response write that the client takes nothing of for this long fails and the connection
+/// is closed ("send-timeout"): an agent that sends requests and never reads the answers held
+/// its connections in a blocked write, out of reach of every other limit.
+inline constexpr std::chrono::milliseconds kSendTimeout = std::chrono::seconds(10);
+
 /// The server's connection limits; tests shorten them.
 struct ServerLimits {
   std::chrono::milliseconds idle_timeout = kIdleTimeout;
@@ -55,12 +60,13 @@ struct ServerLimits {
   size_t connections_per_peer = kMaxConnectionsPerPeer;
   std::chrono::milliseconds slow_request = kSlowRequest;
   size_t bodies_held = kMaxBodiesHeld;
+  std::chrono::milliseconds send_timeout = kSendTimeout;
 };
 
 /// Told the kebab-case reason of every request or connection the server itself refuses or
 /// closes at a limit ("malformed-request", "head-too-large", "body-too-large",
 /// "too-many-connections", "upgrade-not-supported", "idle-timeout", "idle-evicted",
-/// "slow-request-evicted", "node-busy", "request-head-timeout");
+/// "slow-request-evicted", "node-busy", "send-timeout", "request-head-timeout");
 /// the node counts them in
 /// sam_node_refusals_total. Called from connection threads: must be thread-safe.
 using RefusalCounter = std::function<void(std::string_view reason)>;

@@ -516,6 +516,11 @@ void HttpServer::serve() {
       continue;
     }
     im.conns[conn.get()].peer = cred.pid;
+    // A write that makes no progress for this long fails (EAGAIN), and the connection closes.
+    const auto ms = im.limits.send_timeout.count();
+    const timeval send_timeout{static_cast<time_t>(ms / 1000),
+                               static_cast<suseconds_t>((ms % 1000) * 1000)};
+    ::setsockopt(conn.get(), SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
     lock.unlock();
     std::thread([&im, c = std::move(conn)]() mutable {
       im.serveConnection(std::move(c));

@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -341,6 +342,26 @@ TEST(HttpServerTest, BodiesPastTheBudgetAre503AndTheBudgetComesBack) {
                 std::string(786432, 'a'));
     EXPECT_THAT(readToEof(fd.get()), StartsWith("HTTP/1.1 200 OK"));
   }
+}
+
+TEST(HttpServerTest, AClientThatNeverReadsItsAnswersIsClosed) {
+  // Pipelined requests, answers never read: the server's writes stall, and after send_timeout
+  // with no progress the connection is closed rather than held for ever.
+  Served s([](const Request&, ResponseWriter& out) { sendJson(out, 200, std::string(65536, 'x')); },
+           {.send_timeout = std::chrono::milliseconds(200)});
+  auto fd = s.connect();
+  std::string burst;
+  for (int i = 0; i < 200; ++i) burst += "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  sendAll(fd.get(), burst);
+  // Not reading, until the server has given up (bounded: a broken server fails the test).
+  for (int waited = 0; waited < 300; ++waited) {
+    const auto r = s.refusals();
+    if (std::find(r.begin(), r.end(), "send-timeout") != r.end()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_THAT(s.refusals(), testing::Contains("send-timeout"));
+  // What it had queued can still be read, then the close: far fewer than 200 answers.
+  EXPECT_LT(count(readToEof(fd.get()), "HTTP/1.1 200 OK"), 200u);
 }
 
 TEST(HttpServerTest, MalformedRequestIsCountedAsARefusal) {
