@@ -23,33 +23,13 @@ constexpr std::string_view kCardPath = ".well-known/agent-card.json";
 // The card's name before A2A 0.3; servers may still serve it there.
 constexpr std::string_view kLegacyCardPath = ".well-known/agent.json";
 
-int hexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 // `path` as servers that normalise before routing see it (RFC 3986 §6.2.2): percent-encoded
 // unreserved characters decoded ("%2Ewell-known" is ".well-known"), empty segments and
 // ";parameters" dropped ("a//b;x" is "a/b"), lower case. Only used to recognise the agent card
 // under any spelling: every one of them is answered rewritten, never with the served agent's own
 // addresses.
 std::string normalisedPath(std::string_view path) {
-  std::string decoded;
-  for (size_t i = 0; i < path.size(); ++i) {
-    if (path[i] == '%' && i + 2 < path.size() && hexValue(path[i + 1]) >= 0 &&
-        hexValue(path[i + 2]) >= 0) {
-      const char c = static_cast<char>(hexValue(path[i + 1]) * 16 + hexValue(path[i + 2]));
-      if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_' ||
-          c == '~') {
-        decoded.push_back(c);
-        i += 2;
-        continue;
-      }
-    }
-    decoded.push_back(path[i]);
-  }
+  const std::string decoded = percentDecode(path, /*unreserved_only=*/true);
   std::string out;
   for (size_t at = 0; at <= decoded.size();) {
     const size_t slash = std::min(decoded.find('/', at), decoded.size());

@@ -1,6 +1,7 @@
 #include "sam-node/proxy.h"
 #include "proto/http_syntax.h"
 
+#include <cctype>
 #include <charconv>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -25,23 +26,6 @@ int hexValue(char c) {
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
   if (c >= 'A' && c <= 'F') return c - 'A' + 10;
   return -1;
-}
-
-// Decodes every well-formed percent-escape of `text` once; a '%' without two hex digits after
-// it is kept as it is.
-std::string percentDecode(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (text[i] == '%' && i + 2 < text.size() && hexValue(text[i + 1]) >= 0 &&
-        hexValue(text[i + 2]) >= 0) {
-      out.push_back(static_cast<char>(hexValue(text[i + 1]) * 16 + hexValue(text[i + 2])));
-      i += 2;
-    } else {
-      out.push_back(text[i]);
-    }
-  }
-  return out;
 }
 
 bool wellFormedEscapes(std::string_view text) {
@@ -96,6 +80,26 @@ std::optional<size_t> announcedLength(const Headers& headers) {
 }
 
 }  // namespace
+
+std::string percentDecode(std::string_view text, bool unreserved_only) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '%' && i + 2 < text.size() && hexValue(text[i + 1]) >= 0 &&
+        hexValue(text[i + 2]) >= 0) {
+      const char c = static_cast<char>(hexValue(text[i + 1]) * 16 + hexValue(text[i + 2]));
+      const bool unreserved = std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '-' ||
+                              c == '.' || c == '_' || c == '~';
+      if (!unreserved_only || unreserved) {
+        out.push_back(c);
+        i += 2;
+        continue;
+      }
+    }
+    out.push_back(text[i]);
+  }
+  return out;
+}
 
 Headers forwardableHeaders(const Headers& headers) {
   Headers out;

@@ -32,6 +32,12 @@ Headers forwardableHeaders(const Headers& headers);
 /// names the problem ("a dot segment", ...), for the refusal message; it never quotes input.
 std::string_view pathProblem(std::string_view path);
 
+/// Decodes the well-formed percent-escapes of `text` once (RFC 3986 §2.1); a '%' without two
+/// hex digits after it is kept as it is. With `unreserved_only`, only escapes of unreserved
+/// characters (§2.3: ALPHA, DIGIT, '-', '.', '_', '~') are decoded, the normalisation §6.2.2.2
+/// calls equivalent; the others stay escaped.
+std::string percentDecode(std::string_view text, bool unreserved_only = false);
+
 /// Sends `up` and streams the response to `out` as it arrives: with the upstream's
 /// Content-Length when it announced one, else chunked. Before the response head: an
 /// unreachable upstream is answered 502 {"error": {"type": "sam_node_error", ...}}, logged
