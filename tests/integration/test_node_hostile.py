@@ -214,8 +214,10 @@ def test_connection_cap_answers_503_then_closes_the_slowest_request(fresh_node, 
     colluding agents trickling requests locked every agent out for as long as they liked.)"""
     sock_path = fresh_node.socket_path
     held = sum(holders.hold(PER_PEER, b"GET /v1/models HTTP/1.1\r\n")[0] for _ in range(5))
+    # The fifth peer's 64 were refused (503): no slot was idle and none yet slow. (A probe
+    # made after this may already find one past 5 s on a loaded machine: that 503 is proven
+    # by unit_sam_node HttpServerTest.AFullServerRefusesWhenNoConnectionMayBeClosed.)
     assert held == MAX_CONNECTIONS, held
-    assert try_raw(sock_path, b"").startswith(b"HTTP/1.1 503 ")
     wait_for(lambda: call(sock_path, "GET", "/v1/models", READER).status == 200, timeout=20,
              what="the node to close a slow request to make room")
     assert any(line.get("reason") == "slow-request-evicted" for line in fresh_node.logs())
