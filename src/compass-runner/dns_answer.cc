@@ -1,14 +1,19 @@
 #include "compass-runner/dns_answer.h"
 
-#include <ldns/ldns.h>
+#include <arpa/nameser.h>
+#include <resolv.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <memory>
+#include <array>
 #include <stdexcept>
 
 #include "policy/address.h"
 #include "policy/name.h"
+
+// DNS wire format through glibc's resolver library (resolv(3): ns_initparse, ns_parserr,
+// ns_name_unpack, dn_comp), part of libc6 itself. The runner used ldns before; Debian's static
+// libldns drags in libcrypto, whose 350 KB of relocated tables cost every agent start about
+// 2 ms of page faults (bench/runner_bench.py), for DNSSEC code the runner never calls.
 
 namespace runner::firewall {
 namespace {
@@ -16,6 +21,9 @@ namespace {
 constexpr size_t kHeaderBytes = 12;
 constexpr uint16_t kTypeA = 1;
 constexpr uint16_t kTypeAaaa = 28;
+constexpr uint16_t kTypeOpt = 41;
+constexpr uint16_t kClassIn = 1;
+constexpr uint8_t kOpcodeQuery = 0;
 constexpr uint8_t kRcodeNoError = 0;
 constexpr uint8_t kRcodeFormErr = 1;
 constexpr uint8_t kRcodeServFail = 2;
@@ -23,14 +31,17 @@ constexpr uint8_t kRcodeNxDomain = 3;
 constexpr uint8_t kRcodeNotImp = 4;
 constexpr uint8_t kRcodeRefused = 5;
 
-struct PktFree {
-  void operator()(ldns_pkt* p) const { ldns_pkt_free(p); }
-};
-using PktPtr = std::unique_ptr<ldns_pkt, PktFree>;
-
 uint16_t get16(std::string_view b, size_t at) {
   return static_cast<uint16_t>((static_cast<uint8_t>(b[at]) << 8) |
                                static_cast<uint8_t>(b[at + 1]));
+}
+void put16(std::string& out, uint16_t v) {
+  out.push_back(static_cast<char>(v >> 8));
+  out.push_back(static_cast<char>(v & 0xff));
+}
+
+const unsigned char* bytes(std::string_view b) {
+  return reinterpret_cast<const unsigned char*>(b.data());
 }
 
 // A reply that needs no parsed question: the ID and RD echoed, counts zero (FORMERR, NOTIMP).
@@ -45,65 +56,91 @@ std::string headerOnly(std::string_view query, uint8_t rcode) {
   return r;
 }
 
-std::string toWire(const ldns_pkt* pkt) {
-  uint8_t* wire = nullptr;
-  size_t size = 0;
-  if (ldns_pkt2wire(&wire, pkt, &size) != LDNS_STATUS_OK || wire == nullptr) {
-    std::free(wire);
-    return {};
-  }
-  std::string out(reinterpret_cast<const char*>(wire), size);
-  std::free(wire);  // ldns allocates with malloc (LDNS_XMALLOC)
-  return out;
-}
+// The one question of a query: its name uncompressed on the wire (letter case as sent), type
+// and class.
+struct Question {
+  std::string wire_name;
+  uint16_t qtype = 0;
+  uint16_t qclass = 0;
+};
 
-// The reply to a parsed query: question echoed as sent (some stubs compare its case), answers
-// for `addresses` under the question's owner.
-std::string buildReply(const ldns_pkt* query, const ldns_rr* question, uint8_t rcode,
+// The reply to a parsed query: the question echoed as sent (some stubs compare its case), then
+// one answer per address, each owned by a pointer to the question's name (RFC 1035 §4.1.4).
+std::string buildReply(std::string_view query, const Question& q, uint8_t rcode,
                        const std::vector<asio::ip::address>& addresses, bool truncated) {
-  PktPtr r(ldns_pkt_new());
-  if (!r) return {};
-  ldns_pkt_set_id(r.get(), ldns_pkt_id(query));
-  ldns_pkt_set_qr(r.get(), true);
-  ldns_pkt_set_opcode(r.get(), LDNS_PACKET_QUERY);
-  ldns_pkt_set_rd(r.get(), ldns_pkt_rd(query));
-  ldns_pkt_set_ra(r.get(), true);
-  ldns_pkt_set_tc(r.get(), truncated);
-  ldns_pkt_set_rcode(r.get(), rcode);
-  ldns_pkt_push_rr(r.get(), LDNS_SECTION_QUESTION, ldns_rr_clone(question));
+  std::string r;
+  r.reserve(kHeaderBytes + q.wire_name.size() + 4 + addresses.size() * 28);
+  r += query.substr(0, 2);  // ID
+  const uint8_t rd = static_cast<uint8_t>(query[2]) & 0x01;
+  r += static_cast<char>(0x80 | (kOpcodeQuery << 3) | (truncated ? 0x02 : 0) | rd);
+  r += static_cast<char>(0x80 | (rcode & 0x0f));  // RA
+  put16(r, 1);
+  put16(r, static_cast<uint16_t>(addresses.size()));
+  put16(r, 0);
+  put16(r, 0);
+  r += q.wire_name;
+  put16(r, q.qtype);
+  put16(r, q.qclass);
   for (const auto& a : addresses) {
-    ldns_rr* rr = ldns_rr_new();
-    ldns_rr_set_owner(rr, ldns_rdf_clone(ldns_rr_owner(question)));
-    ldns_rr_set_class(rr, LDNS_RR_CLASS_IN);
-    ldns_rr_set_ttl(rr, kAnswerTtlSeconds);
+    put16(r, 0xc000 | kHeaderBytes);  // the question's name
+    put16(r, a.is_v4() ? kTypeA : kTypeAaaa);
+    put16(r, kClassIn);
+    put16(r, static_cast<uint16_t>(kAnswerTtlSeconds >> 16));
+    put16(r, static_cast<uint16_t>(kAnswerTtlSeconds & 0xffff));
     if (a.is_v4()) {
       const auto b = a.to_v4().to_bytes();
-      ldns_rr_set_type(rr, LDNS_RR_TYPE_A);
-      ldns_rr_push_rdf(rr, ldns_rdf_new_frm_data(LDNS_RDF_TYPE_A, b.size(), b.data()));
+      put16(r, static_cast<uint16_t>(b.size()));
+      r.append(reinterpret_cast<const char*>(b.data()), b.size());
     } else {
       const auto b = a.to_v6().to_bytes();
-      ldns_rr_set_type(rr, LDNS_RR_TYPE_AAAA);
-      ldns_rr_push_rdf(rr, ldns_rdf_new_frm_data(LDNS_RDF_TYPE_AAAA, b.size(), b.data()));
+      put16(r, static_cast<uint16_t>(b.size()));
+      r.append(reinterpret_cast<const char*>(b.data()), b.size());
     }
-    ldns_pkt_push_rr(r.get(), LDNS_SECTION_ANSWER, rr);
   }
-  return toWire(r.get());
+  return r;
+}
+
+// Parses what follows the header: exactly one question, then at most one additional record,
+// which must be an OPT (EDNS0, RFC 6891) owned by the root; nothing after. glibc checks every
+// name (labels ≤ 63 bytes, names ≤ 255, compression pointers inside the message, no loops).
+std::optional<Question> parseQuestion(std::string_view query) {
+  ns_msg msg{};
+  if (ns_initparse(bytes(query), static_cast<int>(query.size()), &msg) != 0) return std::nullopt;
+  Question q;
+  std::array<unsigned char, NS_MAXCDNAME> name{};
+  const unsigned char* eom = bytes(query) + query.size();
+  const int used =
+      ns_name_unpack(bytes(query), eom, bytes(query) + kHeaderBytes, name.data(), name.size());
+  if (used < 0 || kHeaderBytes + static_cast<size_t>(used) + 4 > query.size()) return std::nullopt;
+  size_t wire = 0;
+  while (wire < name.size() && name[wire] != 0) wire += name[wire] + 1U;
+  if (wire >= name.size()) return std::nullopt;
+  q.wire_name.assign(reinterpret_cast<const char*>(name.data()), wire + 1);
+  q.qtype = get16(query, kHeaderBytes + static_cast<size_t>(used));
+  q.qclass = get16(query, kHeaderBytes + static_cast<size_t>(used) + 2);
+  if (ns_msg_count(msg, ns_s_ar) == 1) {
+    ns_rr opt{};
+    if (ns_parserr(&msg, ns_s_ar, 0, &opt) != 0 || ns_rr_type(opt) != kTypeOpt) {
+      return std::nullopt;
+    }
+    const std::string_view owner = ns_rr_name(opt);
+    if (!owner.empty() && owner != ".") return std::nullopt;
+  }
+  return q;
 }
 
 // The question's name from its uncompressed wire form, label by label, so that a '.' or a
 // non-ASCII byte inside a label can never pass for a separator: every byte must be a letter,
 // digit or '-'. Returns "" for the root or any other byte.
-std::string qnameText(const ldns_rdf* owner) {
-  const auto* d = ldns_rdf_data(owner);
-  const size_t size = ldns_rdf_size(owner);
+std::string qnameText(std::string_view wire_name) {
   std::string out;
   size_t i = 0;
-  while (i < size && d[i] != 0) {
-    const size_t len = d[i];
-    if (len > policy::kMaxLabelBytes || i + 1 + len > size) return {};
+  while (i < wire_name.size() && wire_name[i] != 0) {
+    const size_t len = static_cast<uint8_t>(wire_name[i]);
+    if (len > policy::kMaxLabelBytes || i + 1 + len > wire_name.size()) return {};
     if (!out.empty()) out += '.';
     for (size_t k = i + 1; k <= i + len; ++k) {
-      const char c = static_cast<char>(d[k]);
+      const char c = wire_name[k];
       const bool ok =
           (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
       if (!ok) return {};
@@ -140,7 +177,7 @@ Answer answerQuery(std::string_view query, const AnswerContext& ctx) {
     return refuse(kRcodeFormErr, "malformed", headerOnly(query, kRcodeFormErr));
   }
   const uint8_t opcode = (static_cast<uint8_t>(query[2]) >> 3) & 0x0f;
-  if (opcode != LDNS_PACKET_QUERY) {
+  if (opcode != kOpcodeQuery) {
     return refuse(kRcodeNotImp, "not-implemented", headerOnly(query, kRcodeNotImp));
   }
   // Strict: exactly what a stub resolver sends (one question, at most an OPT record).
@@ -148,30 +185,18 @@ Answer answerQuery(std::string_view query, const AnswerContext& ctx) {
       get16(query, 10) > 1) {
     return refuse(kRcodeFormErr, "malformed", headerOnly(query, kRcodeFormErr));
   }
-  ldns_pkt* raw = nullptr;
-  if (ldns_wire2pkt(&raw, reinterpret_cast<const uint8_t*>(query.data()), query.size()) !=
-      LDNS_STATUS_OK) {
-    if (raw != nullptr) ldns_pkt_free(raw);
-    return refuse(kRcodeFormErr, "malformed", headerOnly(query, kRcodeFormErr));
-  }
-  const PktPtr pkt(raw);
-  const ldns_rr_list* questions = ldns_pkt_question(pkt.get());
-  if (questions == nullptr || ldns_rr_list_rr_count(questions) != 1 ||
-      ldns_rr_list_rr_count(ldns_pkt_additional(pkt.get())) != 0 ||
-      ldns_pkt_tsig(pkt.get()) != nullptr) {
-    return refuse(kRcodeFormErr, "malformed", headerOnly(query, kRcodeFormErr));
-  }
-  const ldns_rr* question = ldns_rr_list_rr(questions, 0);
-  out.qtype = static_cast<uint16_t>(ldns_rr_get_type(question));
+  const std::optional<Question> question = parseQuestion(query);
+  if (!question) return refuse(kRcodeFormErr, "malformed", headerOnly(query, kRcodeFormErr));
+  out.qtype = question->qtype;
   const auto reply = [&](uint8_t rcode, const std::vector<asio::ip::address>& addresses) {
-    std::string wire = buildReply(pkt.get(), question, rcode, addresses, false);
-    if (wire.size() > ctx.max_reply) wire = buildReply(pkt.get(), question, rcode, {}, true);
+    std::string wire = buildReply(query, *question, rcode, addresses, false);
+    if (wire.size() > ctx.max_reply) wire = buildReply(query, *question, rcode, {}, true);
     return wire;
   };
-  if (ldns_rr_get_class(question) != LDNS_RR_CLASS_IN) {
+  if (question->qclass != kClassIn) {
     return refuse(kRcodeRefused, "class-not-in", reply(kRcodeRefused, {}));
   }
-  const std::string raw_name = qnameText(ldns_rr_owner(question));
+  const std::string raw_name = qnameText(question->wire_name);
   std::optional<std::string> name;
   if (!raw_name.empty() && !policy::isIpLiteral(raw_name)) name = policy::normalizeName(raw_name);
   if (!name) return refuse(kRcodeRefused, "invalid-name", reply(kRcodeRefused, {}));
@@ -235,40 +260,41 @@ Answer answerQuery(std::string_view query, const AnswerContext& ctx) {
 }
 
 std::string buildQuery(uint16_t id, const std::string& name, uint16_t qtype) {
-  ldns_rdf* owner = ldns_dname_new_frm_str(name.c_str());
-  if (owner == nullptr) throw std::invalid_argument("not a DNS name: " + name);
-  PktPtr q(ldns_pkt_query_new(owner, static_cast<ldns_rr_type>(qtype), LDNS_RR_CLASS_IN, LDNS_RD));
-  if (!q) throw std::invalid_argument("cannot build a query for " + name);
-  ldns_pkt_set_id(q.get(), id);
-  std::string wire = toWire(q.get());
-  if (wire.empty()) throw std::invalid_argument("cannot encode a query for " + name);
-  return wire;
+  std::array<unsigned char, NS_MAXCDNAME> wire{};
+  const int n = dn_comp(name.c_str(), wire.data(), static_cast<int>(wire.size()), nullptr, nullptr);
+  if (n <= 1) throw std::invalid_argument("not a DNS name: " + name);  // 1: the root alone
+  std::string q;
+  put16(q, id);
+  put16(q, 0x0100);  // a query, RD set
+  put16(q, 1);
+  put16(q, 0);
+  put16(q, 0);
+  put16(q, 0);
+  q.append(reinterpret_cast<const char*>(wire.data()), static_cast<size_t>(n));
+  put16(q, qtype);
+  put16(q, kClassIn);
+  return q;
 }
 
 ParsedReply parseReply(std::string_view reply) {
-  ldns_pkt* raw = nullptr;
-  if (ldns_wire2pkt(&raw, reinterpret_cast<const uint8_t*>(reply.data()), reply.size()) !=
-      LDNS_STATUS_OK) {
-    if (raw != nullptr) ldns_pkt_free(raw);
+  ns_msg msg{};
+  if (ns_initparse(bytes(reply), static_cast<int>(reply.size()), &msg) != 0) {
     throw std::invalid_argument("malformed DNS reply");
   }
-  const PktPtr pkt(raw);
   ParsedReply out;
-  out.id = ldns_pkt_id(pkt.get());
-  out.rcode = static_cast<uint8_t>(ldns_pkt_get_rcode(pkt.get()));
-  out.truncated = ldns_pkt_tc(pkt.get());
-  const ldns_rr_list* answers = ldns_pkt_answer(pkt.get());
-  for (size_t i = 0; answers != nullptr && i < ldns_rr_list_rr_count(answers); ++i) {
-    const ldns_rr* rr = ldns_rr_list_rr(answers, i);
-    const ldns_rdf* rd = ldns_rr_rdf(rr, 0);
-    if (rd == nullptr) continue;
-    if (ldns_rr_get_type(rr) == LDNS_RR_TYPE_A && ldns_rdf_size(rd) == 4) {
+  out.id = ns_msg_id(msg);
+  out.rcode = static_cast<uint8_t>(ns_msg_getflag(msg, ns_f_rcode));
+  out.truncated = ns_msg_getflag(msg, ns_f_tc) != 0;
+  for (int i = 0; i < ns_msg_count(msg, ns_s_an); ++i) {
+    ns_rr rr{};
+    if (ns_parserr(&msg, ns_s_an, i, &rr) != 0) throw std::invalid_argument("malformed DNS reply");
+    if (ns_rr_type(rr) == kTypeA && ns_rr_rdlen(rr) == 4) {
       asio::ip::address_v4::bytes_type b{};
-      std::copy_n(ldns_rdf_data(rd), 4, b.begin());
+      std::copy_n(ns_rr_rdata(rr), 4, b.begin());
       out.addresses.emplace_back(asio::ip::address_v4(b));
-    } else if (ldns_rr_get_type(rr) == LDNS_RR_TYPE_AAAA && ldns_rdf_size(rd) == 16) {
+    } else if (ns_rr_type(rr) == kTypeAaaa && ns_rr_rdlen(rr) == 16) {
       asio::ip::address_v6::bytes_type b{};
-      std::copy_n(ldns_rdf_data(rd), 16, b.begin());
+      std::copy_n(ns_rr_rdata(rr), 16, b.begin());
       out.addresses.emplace_back(asio::ip::address_v6(b));
     }
   }

@@ -1,13 +1,14 @@
 #pragma once
 // What the firewall's DNS forwarder answers (issue 4 "Egress firewall"; DESIGN.md "Names"):
-// a function from one query (RFC 1035 §4 wire format, parsed with ldns) to the reply bytes,
-// given the allowlist and two callbacks — one that resolves a name on the host, one that opens
-// answered addresses in the sandbox's allow sets. No I/O of its own, so every rule below is
+// a function from one query (RFC 1035 §4 wire format, parsed with glibc's resolv(3)) to the reply
+// bytes, given the allowlist and two callbacks — one that resolves a name on the host, one that
+// opens answered addresses in the sandbox's allow sets. No I/O of its own, so every rule below is
 // unit-tested and fuzzed (fuzz/dns_forwarder/).
 //
 // The rules, in order:
 //   < 2 bytes, or QR=1 (an answer, not a query)        → nothing sent ("not-a-query")
-//   < 12 bytes, QDCOUNT ≠ 1, ANCOUNT/NSCOUNT ≠ 0, ARCOUNT > 1, not parseable by ldns,
+//   < 12 bytes, QDCOUNT ≠ 1, ANCOUNT/NSCOUNT ≠ 0, ARCOUNT > 1, an additional record that is
+//     not an OPT owned by the root, bytes after the last record, not parseable by ns_initparse,
 //     compression loops, labels > 63, names > 255 bytes → FORMERR ("malformed")
 //   opcode ≠ QUERY                                       → NOTIMP ("not-implemented")
 //   class ≠ IN                                           → REFUSED ("class-not-in")
@@ -92,7 +93,8 @@ struct Answer {
 Answer answerQuery(std::string_view query, const AnswerContext& ctx);
 
 /// Builds a query for `name` (RD set, one question, class IN) with `id`; for the firewall's
-/// own look-ups from inside the sandbox. Throws std::invalid_argument if ldns refuses `name`.
+/// own look-ups from inside the sandbox. Throws std::invalid_argument if dn_comp(3) refuses
+/// `name` (a label over 63 bytes, a name over 255) or it is the root.
 std::string buildQuery(uint16_t id, const std::string& name, uint16_t qtype);
 
 /// A reply as the sandbox sees it: RCODE and the A/AAAA addresses in its answer section.
@@ -103,7 +105,8 @@ struct ParsedReply {
   std::vector<asio::ip::address> addresses;
 };
 
-/// Parses a reply with ldns; nullopt-like failure is reported as std::invalid_argument.
+/// Parses a reply with ns_initparse/ns_parserr (resolv(3)); throws std::invalid_argument if it
+/// is malformed (truncated, bytes after the last record, a bad name or compression pointer).
 ParsedReply parseReply(std::string_view reply);
 
 }  // namespace runner::firewall
