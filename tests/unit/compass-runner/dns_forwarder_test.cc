@@ -231,6 +231,56 @@ TEST_F(AnswerTest, AnswersAndNonOptAdditionalsAreMalformed) {
   EXPECT_EQ(rcodeOf(ask(txt).reply), kFormErr);
 }
 
+TEST_F(AnswerTest, AnOptNotOwnedByTheRootOrBytesAfterTheLastRecordAreMalformed) {
+  // An OPT record owned by a name ("x") instead of the root.
+  std::string named = buildQuery(7, "allowed.example", kA);
+  named[11] = 1;
+  named += std::string("\x01x\0\0\x29\x04\xd0\0\0\0\0\0\0", 13);
+  EXPECT_EQ(rcodeOf(ask(named).reply), kFormErr);
+  // A well-formed query followed by bytes no count accounts for.
+  std::string trailing = buildQuery(7, "allowed.example", kA) + "junk";
+  EXPECT_EQ(rcodeOf(ask(trailing).reply), kFormErr);
+  // An OPT whose RDLENGTH runs past the end.
+  std::string overrun = buildQuery(7, "allowed.example", kA);
+  overrun[11] = 1;
+  overrun += std::string("\0\0\x29\x04\xd0\0\0\0\0\0\x10", 11);
+  EXPECT_EQ(rcodeOf(ask(overrun).reply), kFormErr);
+  EXPECT_TRUE(resolved_.empty());
+}
+
+TEST_F(AnswerTest, TheAnswerEchoesTheQuestionAsSentAndPointsAtIt) {
+  const std::string q = rawQuery(0x4242, {"Allowed", "EXAMPLE"}, kA);
+  const Answer a = ask(q);
+  ASSERT_EQ(rcodeOf(a.reply), kNoError);
+  // Header, then the question byte for byte (letter case as sent).
+  EXPECT_EQ(a.reply.substr(12, q.size() - 12), q.substr(12));
+  // The one answer's owner is a pointer to offset 12 (RFC 1035 §4.1.4).
+  EXPECT_EQ(a.reply.substr(q.size(), 2), std::string("\xc0\x0c", 2));
+  EXPECT_EQ(parseReply(a.reply).addresses,
+            std::vector<asio::ip::address>{make_address("198.51.100.7")});
+}
+
+TEST(ParseReplyTest, HostileRepliesThrowInsteadOfReadingPastTheEnd) {
+  const std::string q = buildQuery(1, "allowed.example", kA);
+  std::string reply = q;
+  reply[2] = static_cast<char>(0x81);
+  reply[7] = 1;  // one answer
+  // Owner: a pointer to itself (a loop), then type A, class IN, TTL, RDLENGTH 4, address.
+  const size_t self = reply.size();
+  reply += static_cast<char>(0xc0);
+  reply += static_cast<char>(self);
+  reply += std::string("\0\x01\0\x01\0\0\0\x1e\0\x04\xc6\x33\x64\x07", 14);
+  EXPECT_THROW(parseReply(reply), std::invalid_argument);
+  // RDLENGTH past the end of the message.
+  std::string longer = q;
+  longer[2] = static_cast<char>(0x81);
+  longer[7] = 1;
+  longer += std::string("\xc0\x0c\0\x01\0\x01\0\0\0\x1e\0\x40\xc6\x33", 14);
+  EXPECT_THROW(parseReply(longer), std::invalid_argument);
+  EXPECT_THROW(parseReply("\x01"), std::invalid_argument);
+  EXPECT_THROW(buildQuery(1, std::string(64, 'a') + ".example", kA), std::invalid_argument);
+}
+
 TEST_F(AnswerTest, AnswersAreNeverQueriedBack) {
   const Answer a = ask(rawQuery(8, {"allowed", "example"}, kA, 1, 1, 0x81));
   EXPECT_TRUE(a.reply.empty());
