@@ -4,6 +4,7 @@
 // within 512 bytes.
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -70,9 +71,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& e : admitted) opened = opened || e.address == addr;
     if (!opened) __builtin_trap();
   }
-  if (!a.answered.empty()) {
-    // What the agent reads back is exactly what was answered.
-    const auto parsed = runner::firewall::parseReply(a.reply);
+  if (!a.reply.empty()) {
+    // Every reply is a well-formed message (glibc's parser takes it), and what the agent reads
+    // back is exactly what was answered.
+    runner::firewall::ParsedReply parsed;
+    try {
+      parsed = runner::firewall::parseReply(a.reply);
+    } catch (const std::invalid_argument&) {
+      __builtin_trap();
+    }
+    if (parsed.rcode != a.rcode) __builtin_trap();
     if (!parsed.truncated && parsed.addresses != a.answered) __builtin_trap();
   }
   return 0;
