@@ -17,7 +17,7 @@ namespace runner {
 namespace {
 
 // More program headers than any real executable has (ld writes about a dozen).
-constexpr size_t kMaxHeaderBytes = 64 * 1024;
+constexpr size_t kMaxHeaderBytes = size_t{64} * 1024;
 
 bool readAt(int fd, void* buf, size_t size, uint64_t offset) {
   auto* p = static_cast<char*>(buf);

@@ -189,7 +189,7 @@ constexpr bool kSanitized = false;
 #endif
 
 // The child's stack while it shares the runner's memory: childMain needs about 2 KiB.
-constexpr size_t kChildStack = 64 * 1024;
+constexpr size_t kChildStack = size_t{64} * 1024;
 
 // Starts the child (see the top of the file); returns its pid, or -1 with errno set.
 pid_t startChild(ChildArgs& args) {
