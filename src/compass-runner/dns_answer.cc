@@ -7,6 +7,7 @@
 #include <array>
 #include <stdexcept>
 
+#include "common/wire_bytes.h"
 #include "policy/address.h"
 #include "policy/name.h"
 
@@ -31,14 +32,9 @@ constexpr uint8_t kRcodeNxDomain = 3;
 constexpr uint8_t kRcodeNotImp = 4;
 constexpr uint8_t kRcodeRefused = 5;
 
-uint16_t get16(std::string_view b, size_t at) {
-  return static_cast<uint16_t>((static_cast<uint8_t>(b[at]) << 8) |
-                               static_cast<uint8_t>(b[at + 1]));
-}
-void put16(std::string& out, uint16_t v) {
-  out.push_back(static_cast<char>(v >> 8));
-  out.push_back(static_cast<char>(v & 0xff));
-}
+using common::get16;
+using common::put16;
+using common::put32;
 
 const unsigned char* bytes(std::string_view b) {
   return reinterpret_cast<const unsigned char*>(b.data());
@@ -74,27 +70,26 @@ std::string buildReply(std::string_view query, const Question& q, uint8_t rcode,
   const uint8_t rd = static_cast<uint8_t>(query[2]) & 0x01;
   r += static_cast<char>(0x80 | (kOpcodeQuery << 3) | (truncated ? 0x02 : 0) | rd);
   r += static_cast<char>(0x80 | (rcode & 0x0f));  // RA
-  put16(r, 1);
-  put16(r, static_cast<uint16_t>(addresses.size()));
-  put16(r, 0);
-  put16(r, 0);
+  put16(&r, 1);
+  put16(&r, static_cast<uint16_t>(addresses.size()));
+  put16(&r, 0);
+  put16(&r, 0);
   r += q.wire_name;
-  put16(r, q.qtype);
-  put16(r, q.qclass);
+  put16(&r, q.qtype);
+  put16(&r, q.qclass);
   for (const auto& a : addresses) {
-    put16(r, 0xc000 | kHeaderBytes);  // the question's name
-    put16(r, a.is_v4() ? kTypeA : kTypeAaaa);
-    put16(r, kClassIn);
-    put16(r, static_cast<uint16_t>(kAnswerTtlSeconds >> 16));
-    put16(r, static_cast<uint16_t>(kAnswerTtlSeconds & 0xffff));
+    put16(&r, 0xc000 | kHeaderBytes);  // the question's name
+    put16(&r, a.is_v4() ? kTypeA : kTypeAaaa);
+    put16(&r, kClassIn);
+    put32(&r, kAnswerTtlSeconds);
+    const auto rdata = [&r](const auto& b) {
+      put16(&r, static_cast<uint16_t>(b.size()));
+      r.append(reinterpret_cast<const char*>(b.data()), b.size());
+    };
     if (a.is_v4()) {
-      const auto b = a.to_v4().to_bytes();
-      put16(r, static_cast<uint16_t>(b.size()));
-      r.append(reinterpret_cast<const char*>(b.data()), b.size());
+      rdata(a.to_v4().to_bytes());
     } else {
-      const auto b = a.to_v6().to_bytes();
-      put16(r, static_cast<uint16_t>(b.size()));
-      r.append(reinterpret_cast<const char*>(b.data()), b.size());
+      rdata(a.to_v6().to_bytes());
     }
   }
   return r;
@@ -264,15 +259,15 @@ std::string buildQuery(uint16_t id, const std::string& name, uint16_t qtype) {
   const int n = dn_comp(name.c_str(), wire.data(), static_cast<int>(wire.size()), nullptr, nullptr);
   if (n <= 1) throw std::invalid_argument("not a DNS name: " + name);  // 1: the root alone
   std::string q;
-  put16(q, id);
-  put16(q, 0x0100);  // a query, RD set
-  put16(q, 1);
-  put16(q, 0);
-  put16(q, 0);
-  put16(q, 0);
+  put16(&q, id);
+  put16(&q, 0x0100);  // a query, RD set
+  put16(&q, 1);
+  put16(&q, 0);
+  put16(&q, 0);
+  put16(&q, 0);
   q.append(reinterpret_cast<const char*>(wire.data()), static_cast<size_t>(n));
-  put16(q, qtype);
-  put16(q, kClassIn);
+  put16(&q, qtype);
+  put16(&q, kClassIn);
   return q;
 }
 

@@ -19,6 +19,7 @@
 
 #include "common/read_file.h"
 #include "common/unique_fd.h"
+#include "common/wire_bytes.h"
 #include "nano-init/resolv.h"
 #include "nano-init/tun.h"
 #include "vdns/virtual_dns.h"
@@ -89,16 +90,6 @@ std::string capabilityReason(const std::string& status) {
          "), enough to re-route or leave its network namespace";
 }
 
-void putU16(std::string* out, uint16_t v) {
-  out->push_back(static_cast<char>(v >> 8));
-  out->push_back(static_cast<char>(v & 0xff));
-}
-
-uint16_t getU16(const std::string& s, size_t at) {
-  return static_cast<uint16_t>((static_cast<unsigned char>(s[at]) << 8) |
-                               static_cast<unsigned char>(s[at + 1]));
-}
-
 // The offset just past the (possibly compressed) name at `at`, or npos.
 size_t skipName(const std::string& msg, size_t at) {
   while (at < msg.size()) {
@@ -112,19 +103,19 @@ size_t skipName(const std::string& msg, size_t at) {
 
 // An A answer in 100.64.0.0/10 for our query, or the reason there is none.
 std::string judgeAnswer(const std::string& msg) {
-  if (msg.size() < 12 || getU16(msg, 0) != kQueryId) return "the answer is not ours";
-  const uint16_t flags = getU16(msg, 2);
+  if (msg.size() < 12 || common::get16(msg, 0) != kQueryId) return "the answer is not ours";
+  const uint16_t flags = common::get16(msg, 2);
   if ((flags & 0x8000) == 0 || (flags & 0x000f) != 0) {
     return "the virtual DNS answered rcode " + std::to_string(flags & 0x000f);
   }
   size_t at = skipName(msg, 12);
   if (at == std::string::npos || at + 4 > msg.size()) return "the answer is truncated";
   at += 4;
-  for (uint16_t n = getU16(msg, 6); n > 0; --n) {
+  for (uint16_t n = common::get16(msg, 6); n > 0; --n) {
     at = skipName(msg, at);
     if (at == std::string::npos || at + 10 > msg.size()) return "the answer is truncated";
-    const uint16_t type = getU16(msg, at);
-    const uint16_t rdlen = getU16(msg, at + 8);
+    const uint16_t type = common::get16(msg, at);
+    const uint16_t rdlen = common::get16(msg, at + 8);
     at += 10;
     if (at + rdlen > msg.size()) return "the answer is truncated";
     if (type == 1 && rdlen == 4) {
@@ -210,18 +201,18 @@ Observation observe() {
 
 std::string probeVirtualDns() {
   std::string query;
-  putU16(&query, kQueryId);
-  putU16(&query, 0x0100);  // RD
-  putU16(&query, 1);       // QDCOUNT
-  for (int i = 0; i < 3; ++i) putU16(&query, 0);
+  common::put16(&query, kQueryId);
+  common::put16(&query, 0x0100);  // RD
+  common::put16(&query, 1);       // QDCOUNT
+  for (int i = 0; i < 3; ++i) common::put16(&query, 0);
   std::istringstream labels(kProbeName);
   for (std::string label; std::getline(labels, label, '.');) {
     query.push_back(static_cast<char>(label.size()));
     query += label;
   }
   query.push_back('\0');
-  putU16(&query, 1);  // A
-  putU16(&query, 1);  // IN
+  common::put16(&query, 1);  // A
+  common::put16(&query, 1);  // IN
 
   common::UniqueFd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return std::string("socket(AF_INET, SOCK_DGRAM): ") + std::strerror(errno);

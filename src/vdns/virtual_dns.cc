@@ -35,6 +35,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/wire_bytes.h"
+
 namespace vdns {
 namespace {
 
@@ -61,18 +63,9 @@ constexpr uint32_t kV4First = 0x64400100;  // 100.64.1.0
 constexpr uint32_t kV4Last = 0x647FFE00;   // 100.127.254.0
 constexpr uint32_t kV4Slots = ((kV4Last - kV4First) / 256 + 1) * 254;
 
-uint16_t get16(std::string_view b, size_t at) {
-  return static_cast<uint16_t>((static_cast<uint8_t>(b[at]) << 8) |
-                               static_cast<uint8_t>(b[at + 1]));
-}
-void put16(std::string* out, uint16_t v) {
-  out->push_back(static_cast<char>(v >> 8));
-  out->push_back(static_cast<char>(v & 0xff));
-}
-void put32(std::string* out, uint32_t v) {
-  put16(out, static_cast<uint16_t>(v >> 16));
-  put16(out, static_cast<uint16_t>(v & 0xffff));
-}
+using common::get16;
+using common::put16;
+using common::put32;
 
 struct Question {
   std::vector<std::string_view> labels;  // as sent (case preserved for the echo)
