@@ -110,6 +110,9 @@ std::optional<Question> parseQuestion(std::string_view query) {
   size_t wire = 0;
   while (wire < name.size() && name[wire] != 0) wire += name[wire] + 1U;
   if (wire >= name.size()) return std::nullopt;
+  // Nothing precedes the question but the header, so a compressed question name could only
+  // point into the header: malformed (the reply would echo a name the client never spelled).
+  if (static_cast<size_t>(used) != wire + 1) return std::nullopt;
   q.wire_name.assign(reinterpret_cast<const char*>(name.data()), wire + 1);
   q.qtype = get16(query, kHeaderBytes + static_cast<size_t>(used));
   q.qclass = get16(query, kHeaderBytes + static_cast<size_t>(used) + 2);

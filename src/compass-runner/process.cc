@@ -136,8 +136,9 @@ common::UniqueFd openFor(const std::string& what, const std::string& path, int f
   int high = nsources;
   for (int i = 0; i < nsources; ++i) high = std::max(high, sources[i] + 1);
   high = std::max(high, err_fd + 1);
-  err_fd = ::fcntl(err_fd, F_DUPFD_CLOEXEC, high);
-  if (err_fd < 0) ::_exit(127);
+  const int moved_err = ::fcntl(err_fd, F_DUPFD_CLOEXEC, high);
+  if (moved_err < 0) childFail(err_fd, kFds);  // the original is still open and ours
+  err_fd = moved_err;
   int moved[3 + 256];
   for (int i = 0; i < nsources; ++i) {
     moved[i] = -1;

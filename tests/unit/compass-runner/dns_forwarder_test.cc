@@ -191,6 +191,11 @@ TEST_F(AnswerTest, CompressionLoopsAreMalformed) {
   std::string two = rawQuery(4, {"a"}, kA);  // "a" then a pointer back to "a"
   two.replace(14, 1, std::string("\xc0\x0c", 2));
   EXPECT_EQ(rcodeOf(ask(two).reply), kFormErr);
+  // A question name that is a pointer into the header: ID 0x0161 and a zero flags byte spell
+  // the name "a", which would be refused as a denied name if the pointer were followed.
+  std::string into_header = rawQuery(0x0161, {}, kA, 1, 1, 0x00);
+  into_header.replace(12, 1, std::string("\xc0\x00", 2));
+  EXPECT_EQ(rcodeOf(ask(into_header).reply), kFormErr);
   EXPECT_TRUE(resolved_.empty());
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -255,6 +256,32 @@ TEST(SpawnTest, BadNetnsPathOrWorkdirIsAnError) {
   } catch (const RunnerError& e) {
     EXPECT_NE(std::string(e.what()).find("chdir"), std::string::npos) << e.what();
   }
+}
+
+// The child's very first descriptor move fails (the limit leaves no room above the error
+// pipe): spawn must say so, not return a pid whose process quietly exited 127.
+TEST(SpawnTest, AChildThatCannotArrangeItsDescriptorsIsAnError) {
+  const pid_t tester = ::fork();
+  ASSERT_GE(tester, 0);
+  if (tester == 0) {
+    const int lowest = ::dup(0);
+    ::close(lowest);
+    // spawn's error pipe takes `lowest` and `lowest + 1`; the child must move the write end
+    // above both, which this limit forbids.
+    const rlimit lim{static_cast<rlim_t>(lowest) + 2, static_cast<rlim_t>(lowest) + 2};
+    if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) ::_exit(3);
+    SpawnOptions o;
+    o.argv = {"true"};
+    o.stdin_path.clear();
+    try {
+      const pid_t pid = spawn(o);
+      waitExit(pid);
+      ::_exit(1);  // reported as started
+    } catch (const RunnerError& e) {
+      ::_exit(std::string(e.what()).find("arranging descriptors") != std::string::npos ? 0 : 2);
+    }
+  }
+  EXPECT_EQ(waitExit(tester), 0) << "1 = spawn reported success, 2 = another error";
 }
 
 TEST(SpawnTest, JoinsTheNetworkNamespaceGiven) {
