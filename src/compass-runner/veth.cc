@@ -14,7 +14,9 @@
 #include <set>
 
 #include "compass-runner/backend.h"
+#include "compass-runner/netns.h"
 #include "compass-runner/process.h"
+#include "compass-runner/rtnl.h"
 
 namespace runner::firewall {
 namespace {
@@ -120,22 +122,25 @@ Addressing allocateSubnet(const SlotLock& /*held*/) {
 
 void createVeth(const std::string& id, const std::string& netns_name, const Addressing& net) {
   const std::string dev = hostVethName(id);
-  // One batch: `ip` stops at the first failing line, and the caller removes the veth.
-  const std::string batch = "link add " + dev + " type veth peer name eth0 netns " + netns_name +
-                            "\n"
-                            "addr add " +
-                            net.host4 + "/30 dev " + dev + "\naddr add " + net.host6 + "/64 dev " +
-                            dev + " nodad\nlink set " + dev + " up\n";
-  runChecked("veth", {"ip", "-batch", "-"}, batch, kCommandTimeout);
+  const std::string ns_path = netns::pathOf(netns_name);
+  const common::UniqueFd ns(::open(ns_path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!ns.valid()) throw RunnerError("open " + ns_path + ": " + std::strerror(errno));
+  // In ip's order; the first refusal ends it, and the caller removes the veth.
+  rtnl::Socket host;
+  host.addVeth(dev, "eth0", ns.get());
+  host.addAddress(dev, net.host4, 30, /*nodad=*/false);
+  host.addAddress(dev, net.host6, 64, /*nodad=*/true);
+  host.setUp(dev);
 }
 
 void configureSandboxLink(const std::string& netns_path, const Addressing& net) {
-  const std::string batch =
-      "link set lo up\naddr add " + net.sandbox4 + "/30 dev eth0\naddr add " + net.sandbox6 +
-      "/64 dev eth0 nodad\nlink set eth0 up\n"
-      "route add 0.0.0.0/0 via " +
-      net.host4 + " dev eth0\nroute add ::/0 via " + net.host6 + " dev eth0\n";
-  runChecked("sandbox link", {"ip", "-batch", "-"}, batch, kCommandTimeout, netns_path);
+  rtnl::Socket sandbox = rtnl::Socket::inNetns(netns_path);
+  sandbox.setUp("lo");
+  sandbox.addAddress("eth0", net.sandbox4, 30, /*nodad=*/false);
+  sandbox.addAddress("eth0", net.sandbox6, 64, /*nodad=*/true);
+  sandbox.setUp("eth0");
+  sandbox.addDefaultRoute("eth0", net.host4);
+  sandbox.addDefaultRoute("eth0", net.host6);
 }
 
 void bridgeToTap(const std::string& netns_path, const std::string& tap) {

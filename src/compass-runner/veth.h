@@ -1,8 +1,9 @@
 #pragma once
 // The host half of egress `firewall` (issue 4): a subnet per agent, the veth pair from the
 // host into the agent's netns, forwarding and the host NAT table. Each function is one named
-// step of firewall::arm() and has an exact inverse; every command runs through process.h
-// (`ip`, `nft`), in-netns ones with netns_path.
+// step of firewall::arm() and has an exact inverse. Links, addresses and routes are made over
+// rtnetlink (rtnl.h); `nft` and the microVM bridge's `ip` run through process.h, in-netns ones
+// with netns_path.
 
 #include <string>
 
@@ -36,12 +37,13 @@ class SlotLock {
 Addressing allocateSubnet(const SlotLock& held);
 
 /// `ip link add cv<id> type veth peer name eth0 netns <netns_name>`; host end addressed
-/// (IPv4, IPv6 with nodad so it is usable at once) and up. Throws RunnerError with ip's
-/// message.
+/// (IPv4, IPv6 with nodad so it is usable at once) and up, over rtnetlink. Throws
+/// RunnerError naming the request and the kernel's errno.
 void createVeth(const std::string& id, const std::string& netns_name, const Addressing& net);
 
 /// In the netns: lo and eth0 up, eth0's IPv4 and IPv6 (nodad) addresses, default routes of
-/// both families via the host end. Throws RunnerError with ip's message.
+/// both families via the host end, over rtnetlink from a socket made in the netns. Throws
+/// RunnerError naming the request and the kernel's errno.
 void configureSandboxLink(const std::string& netns_path, const Addressing& net);
 
 /// For a microVM guest (firewall::armForGuest()): in the netns, a bridge `br0` holding eth0 and a
