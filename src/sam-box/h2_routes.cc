@@ -387,10 +387,27 @@ asio::awaitable<void> H2Session::streamMesh(H2Stream& s, FlowRecord& record) {
       }
       consumed(s, chunk.size());
       if (status != proto::RequestStreamRewriter::Status::kOk) {
-        common::log::warn("mesh request refused mid-stream",
-                          {{"agent", server_.config_.agentId()}, {"error", rewriter.error()}});
-        reset(s, NGHTTP2_PROTOCOL_ERROR);
-        node.close(write_ec);
+        const bool too_large = status == proto::RequestStreamRewriter::Status::kTooLarge;
+        const char* reason = too_large ? kReasonHeaderTooLarge : kReasonMalformed;
+        common::log::warn("mesh request refused mid-stream", {{"agent", server_.config_.agentId()},
+                                                              {"reason", reason},
+                                                              {"error", rewriter.error()}});
+        server_.metrics_.refusal(reason);
+        if (too_large) server_.metrics_.limitHit(kLimitMaxHeaderBytes);
+        if (rewriter.requests() != 0 || write_ec) {
+          // Answers to earlier requests may still be on their way back: nothing can be put
+          // between them, so the stream is reset.
+          reset(s, NGHTTP2_PROTOCOL_ERROR);
+          node.close(write_ec);
+          co_return;
+        }
+        // Nothing reached the node, so nothing of its is on the way back: a readable 431 or
+        // 400 on the stream, then the node's end of stream ends it (relayToAgent).
+        if (co_await sendToAgent(s, proto::errorResponse(too_large ? 431 : 400, reason))) {
+          node.shutdown(asio::socket_base::shutdown_send, write_ec);
+        } else {
+          node.close(write_ec);
+        }
         co_return;
       }
       if (write_ec) {

@@ -359,9 +359,27 @@ asio::awaitable<void> Server::meshEntrypoint(UnixSocket& agent, Flow& flow) {
         flow.record.bytes_up += out.size();
       }
       if (status != proto::RequestStreamRewriter::Status::kOk) {
-        common::log::warn("mesh request refused mid-stream",
-                          {{"agent", config_.agentId()}, {"error", rewriter.error()}});
-        throw asio::system_error(asio::error::invalid_argument, "mesh request stream");
+        const bool too_large = status == proto::RequestStreamRewriter::Status::kTooLarge;
+        const char* reason = too_large ? kReasonHeaderTooLarge : kReasonMalformed;
+        common::log::warn(
+            "mesh request refused mid-stream",
+            {{"agent", config_.agentId()}, {"reason", reason}, {"error", rewriter.error()}});
+        metrics_.refusal(reason);
+        if (too_large) metrics_.limitHit(kLimitMaxHeaderBytes);
+        if (rewriter.requests() != 0) {
+          // Answers to earlier requests may still be on their way back: nothing can be put
+          // between them, so the tunnel just ends.
+          throw asio::system_error(asio::error::invalid_argument, "mesh request stream");
+        }
+        // Nothing of this tunnel reached the node, so nothing of the node's is on its way
+        // back: the agent gets a status it can read (431 or 400) instead of a bare close, and
+        // the node an end of stream before any request.
+        co_await asio::async_write(
+            agent, asio::buffer(proto::errorResponse(too_large ? 431 : 400, reason)),
+            use_awaitable);
+        asio::error_code ignored;
+        node.shutdown(asio::socket_base::shutdown_send, ignored);
+        co_return;
       }
       asio::error_code read_ec;
       const size_t n = co_await agent.async_read_some(asio::buffer(buf),

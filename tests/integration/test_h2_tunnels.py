@@ -277,6 +277,20 @@ def test_mesh_over_h2_rewrites_x_sam_agent(box, sidecar):
     c.close()
 
 
+def test_mesh_over_h2_oversized_first_request_is_answered_431(box, sidecar):
+    n = len(sidecar.records)
+    c = H2Client(box)
+    sid = c.connect("mesh.sam.alt:80")
+    assert c.response(sid)[":status"] == "200"
+    c.send(sid, b"GET /v1/models HTTP/1.1\r\nHost: mesh.sam.alt\r\nX-Pad: " + b"a" * 9000 +
+           b"\r\n\r\n")
+    status, _ = http_response(c.read_to_end(sid))
+    assert status.startswith("HTTP/1.1 431 "), status
+    assert sid in c.ended and sid not in c.reset, "the stream ends cleanly after the answer"
+    c.close()
+    assert len(sidecar.records) == n, sidecar.records[n:]
+
+
 def frames(raw):
     """(type, flags, stream_id, payload) of each whole frame in `raw`."""
     out, i = [], 0

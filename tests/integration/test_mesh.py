@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from boxlib import AGENT_ID, STD_ALLOW, bundle_yaml, wait_for
+from boxlib import AGENT_ID, STD_ALLOW, SamBox, bundle_yaml, wait_for
 
 
 def agent_headers(rec):
@@ -129,6 +129,39 @@ def test_malformed_request_inside_the_mesh_tunnel_never_reaches_the_node(box, si
     c.close()
     assert len(sidecar.records) == n, sidecar.records[n:]
     assert data == b"" or data.startswith(b"HTTP/1.1 4"), data
+
+
+@pytest.fixture
+def metered_box(topo, sidecar):
+    """The standard box with --metrics-addr."""
+    b = SamBox(topo, bundle=bundle_yaml(allow=STD_ALLOW), metrics=True,
+               args=["--insecure-unverified-bundle", "--sidecar-socket", sidecar.path])
+    b.start()
+    yield b
+    b.kill()
+
+
+@pytest.mark.parametrize("case", ["oversized", "malformed"])
+def test_a_refused_first_request_is_answered_and_never_reaches_the_node(metered_box, sidecar,
+                                                                        case):
+    # Nothing of the tunnel reached the node, so the boundary can answer in its place.
+    box = metered_box
+    if case == "oversized":
+        payload = request("GET", "/big", [f"X-Pad: {'a' * 9000}", "Connection: close"])
+        status, reason = 431, "header-too-large"
+    else:
+        payload = b"GET /odd HTTP/1.1\r\nHost: mesh.sam.alt\r\nBad Name: x\r\n\r\n"
+        status, reason = 400, "malformed-request"
+    before = box.metrics().get("sam_box_refusals_total", reason=reason)
+    n = len(sidecar.records)
+    c = open_mesh(box)
+    c.send(payload)
+    resp, _ = c.read_http_response()
+    assert c.is_closed(), "the tunnel stays open after the refusal"
+    c.close()
+    assert (resp.status, resp.header("boundary-reason")) == (status, reason), resp
+    assert len(sidecar.records) == n, sidecar.records[n:]
+    assert box.metrics().get("sam_box_refusals_total", reason=reason) == before + 1
 
 
 def test_egress_only_box_asserts_no_identity(sam_box, sidecar):
