@@ -73,8 +73,12 @@ bool ExecGate::open(int passed_fd) noexcept {
   do {
     n = ::sendmsg(local_.get(), &msg, MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
-  local_.reset();
-  return n == static_cast<ssize_t>(line.size());
+  if (n != static_cast<ssize_t>(line.size())) {
+    local_.reset();
+    return false;
+  }
+  opened_ = true;  // local_ stays open: the lifeline (`nano-init … --lifeline`)
+  return true;
 }
 
 }  // namespace runner

@@ -16,9 +16,11 @@
 namespace runner {
 
 /// A socketpair: remote() becomes the container's fd 3, the other end stays with the runner.
-/// Both ends are close-on-exec, so no other child of the runner (ip, nft, conmon) holds the
-/// runner's end: if the runner dies, or fails to arm and destroys this, the gate closes
-/// unopened and nano-init exits without starting the agent.
+/// Both ends are close-on-exec, so no other child of the runner (nft, podman, conmon) holds
+/// the runner's end: if the runner dies, or fails to arm and destroys this, the gate closes
+/// unopened and nano-init exits without starting the agent. Once opened, the runner's end
+/// stays open as the sandbox's lifeline (nano-init's `--lifeline`, src/nano-init/gate.h):
+/// when it closes (shut(), this destroyed, or the runner killed), nano-init stops the agent.
 class ExecGate {
  public:
   /// What awaitReady() saw.
@@ -39,18 +41,22 @@ class ExecGate {
   /// Closes the runner's copy of the remote end (once the launcher holds its own).
   void releaseRemote() { remote_.reset(); }
   /// True from make() until open() or shut().
-  [[nodiscard]] bool pending() const { return local_.valid(); }
+  [[nodiscard]] bool pending() const { return local_.valid() && !opened_; }
+  /// True from a successful open() until shut(): the lifeline is held.
+  [[nodiscard]] bool holdsLifeline() const { return local_.valid() && opened_; }
 
   /// Waits until nano-init writes kGateReady on the gate, the process behind `launcher` (a
   /// pidfd, pidfd_open(2)) exits, the gate closes, or `timeout` passes. Throws RunnerError if
   /// poll(2) or recv(2) fails otherwise.
   Ready awaitReady(int launcher, std::chrono::milliseconds timeout);
-  /// Writes kGateOpen and closes the runner's end: nano-init executes the agent. With
+  /// Writes kGateOpen and keeps the runner's end as the lifeline: nano-init executes the
+  /// agent (and, with `--lifeline`, stops it once that end closes). With
   /// `passed_fd` ≥ 0, that descriptor goes with the line (SCM_RIGHTS, unix(7); the caller keeps
   /// its own copy): `nano-init run --gate-fd` adopts it as tun0. False if the far end was gone
-  /// before the line could be written. Never throws.
+  /// before the line could be written (the end is closed then). Never throws.
   bool open(int passed_fd = -1) noexcept;
-  /// Closes the runner's end unopened: nano-init exits 70 without starting the agent.
+  /// Closes the runner's end: unopened, nano-init exits 70 without starting the agent;
+  /// opened, nano-init `--lifeline` stops the sandbox (SIGTERM, grace, SIGKILL).
   void shut() noexcept { local_.reset(); }
 
  private:
@@ -59,6 +65,7 @@ class ExecGate {
 
   common::UniqueFd local_;
   common::UniqueFd remote_;
+  bool opened_ = false;
 };
 
 }  // namespace runner

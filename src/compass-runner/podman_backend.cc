@@ -264,7 +264,7 @@ class PodmanBackend final : public Backend {
       dns = {vdns::kResolverAddress};  // nano-init refuses any other resolv.conf
       mounts = {{spec.state_dir + "/" + kBoundaryDir, kSandboxBoundaryDir, true},
                 {nano_init_bin, kSandboxNanoInit, true}};
-      argv = {kSandboxNanoInit, "run", "--gate-fd", "3", kSandboxSocket};
+      argv = {kSandboxNanoInit, "run", "--gate-fd", "3", "--lifeline", kSandboxSocket};
     } else {
       // 4. The firewall (default drop), armed on its own thread while podman starts the
       // container: arming (about 25 ms of `ip` and `nft` runs) no longer adds to podman's own
@@ -302,7 +302,7 @@ class PodmanBackend final : public Backend {
       });
       dns = {a.host4, a.host6};
       mounts = {{nano_init_bin, kSandboxNanoInit, true}};
-      argv = {kSandboxNanoInit, "supervise", "--gate-fd", "3", "--"};
+      argv = {kSandboxNanoInit, "supervise", "--gate-fd", "3", "--lifeline", "--"};
     }
     argv.insert(argv.end(), spec.command.begin(), spec.command.end());
 

@@ -5,9 +5,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nano-init/errors.h"
@@ -60,7 +62,7 @@ ssize_t readByte(int fd, char* c, Passed* passed) {
 
 }  // namespace
 
-common::UniqueFd awaitGate(int fd) {
+common::UniqueFd awaitGate(int fd, common::UniqueFd* lifeline) {
   const std::string what = "egress gate (fd " + std::to_string(fd) + ")";
   if (fd < 3) throw StepError(what + ": must be 3 or above (0..2 are stdin, stdout, stderr)");
   if (::fcntl(fd, F_GETFD) < 0) throwErrno(what + ": fcntl(F_GETFD)");
@@ -81,7 +83,13 @@ common::UniqueFd awaitGate(int fd) {
     if (n <= 0) break;
     line.push_back(c);
   }
-  gate.reset();
+  const bool opened = line == kGateOpen && passed.fds.size() <= 1 && !passed.truncated;
+  if (opened && lifeline != nullptr) {
+    if (::fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) throwErrno(what + ": fcntl(F_SETFD)");
+    *lifeline = std::move(gate);
+  } else {
+    gate.reset();
+  }
   if (line.empty()) {
     throw StepError(what +
                     ": closed before egress was armed (the launcher stopped the start, failed "
@@ -97,6 +105,28 @@ common::UniqueFd awaitGate(int fd) {
                     "tun0); the agent was not started");
   }
   return passed.fds.empty() ? common::UniqueFd() : std::move(passed.fds.front());
+}
+
+Lifeline::Lifeline(asio::io_context& io, common::UniqueFd fd, std::function<void()> gone)
+    : fd_(io, fd.release()), gone_(std::move(gone)) {
+  wait();
+}
+
+void Lifeline::wait() {
+  fd_.async_wait(asio::posix::stream_descriptor::wait_read, [this](const std::error_code& ec) {
+    if (ec) return;  // cancelled: nano-init is ending
+    std::array<char, 256> buf{};
+    ssize_t n;
+    do {
+      n = ::read(fd_.native_handle(), buf.data(), buf.size());
+    } while (n < 0 && errno == EINTR);
+    if (n > 0) {
+      wait();  // the launcher said something more: not ours to act on
+      return;
+    }
+    // End of file, or an error (ECONNRESET: the launcher died with bytes unread): it is gone.
+    if (gone_) std::exchange(gone_, nullptr)();
+  });
 }
 
 }  // namespace nanoinit

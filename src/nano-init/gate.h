@@ -5,6 +5,10 @@
 // verified; its `--egress boundary` opens it once sam-box serves, and passes the sandbox's tun0
 // with the line (SCM_RIGHTS, unix(7)), which it configured while podman started.
 
+#include <asio/io_context.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+
+#include <functional>
 #include <string_view>
 
 #include "common/unique_fd.h"
@@ -28,6 +32,25 @@ inline constexpr std::string_view kGateReady = "ready\n";
 /// if `fd` is below 3 or not open, if the launcher closes it without writing the line (it
 /// failed to arm, or died), if it writes anything else, or if more than one descriptor
 /// arrives (every one received is closed then); the caller must not start the agent then.
-common::UniqueFd awaitGate(int fd);
+/// With `lifeline` non-null, the gate is not closed once it opened: it is made close-on-exec
+/// (the agent still never inherits it) and moved to `*lifeline`, for watchLifeline().
+common::UniqueFd awaitGate(int fd, common::UniqueFd* lifeline = nullptr);
+
+/// `--lifeline`: once the agent runs, waits on the opened gate (a stream socket or pipe end)
+/// on `io`, and calls `gone` once when the launcher's end closes (read(2) returns 0 or fails;
+/// bytes that arrive are read and ignored). The launcher holds its end for the agent's
+/// lifetime, so a launcher killed with SIGKILL takes the sandbox with it instead of leaving an
+/// agent no one waits for. Owns the descriptor; destroy it before `io`.
+class Lifeline {
+ public:
+  /// `fd`: the gate as awaitGate() left it in `*lifeline`. Starts waiting at once.
+  Lifeline(asio::io_context& io, common::UniqueFd fd, std::function<void()> gone);
+
+ private:
+  void wait();
+
+  asio::posix::stream_descriptor fd_;
+  std::function<void()> gone_;
+};
 
 }  // namespace nanoinit

@@ -84,6 +84,17 @@ void spawnAgent(Supervisor& supervisor, const std::vector<std::string>& command,
   });
 }
 
+// `--lifeline`: the launcher's end of the opened gate closing stops the sandbox. Nothing when
+// `fd` is not valid (no --lifeline).
+std::unique_ptr<Lifeline> holdLifeline(asio::io_context& io, common::UniqueFd fd,
+                                       Supervisor& supervisor) {
+  if (!fd.valid()) return nullptr;
+  return std::make_unique<Lifeline>(io, std::move(fd), [&supervisor] {
+    note("the launcher is gone (its end of the gate closed): stopping the sandbox");
+    supervisor.stopAll();
+  });
+}
+
 int run(const RunOptions& opts) {
 #if !NANO_INIT_HAVE_NETSTACK
   (void)opts;
@@ -95,7 +106,8 @@ int run(const RunOptions& opts) {
   // The gate first: until the launcher says the boundary serves, nothing is set up (the
   // launcher may still be configuring tun0, which it then passes with the line).
   common::UniqueFd passed_tun;
-  if (opts.gate_fd) passed_tun = awaitGate(*opts.gate_fd);
+  common::UniqueFd lifeline_fd;
+  if (opts.gate_fd) passed_tun = awaitGate(*opts.gate_fd, opts.lifeline ? &lifeline_fd : nullptr);
   asio::io_context io;
   Sandbox sb = setUp(opts, std::move(passed_tun));
   step("ptrace protection", [] { caps::protectFromAgent(); });
@@ -116,6 +128,7 @@ int run(const RunOptions& opts) {
     stack.stop();
     io.stop();
   });
+  const auto lifeline = holdLifeline(io, std::move(lifeline_fd), supervisor);
   io.run();
   return exit_code;
 #endif
@@ -127,7 +140,8 @@ int run(const RunOptions& opts) {
 // this needs no network stack in the build.
 int supervise(const SuperviseOptions& opts) {
   // The gate first: until the launcher says egress is armed, nothing of the agent's runs.
-  if (opts.gate_fd && awaitGate(*opts.gate_fd).valid()) {
+  common::UniqueFd lifeline_fd;
+  if (opts.gate_fd && awaitGate(*opts.gate_fd, opts.lifeline ? &lifeline_fd : nullptr).valid()) {
     throw StepError("egress gate (fd " + std::to_string(*opts.gate_fd) +
                     "): a descriptor came with \"armed\", and supervise takes none; the agent "
                     "was not started");
@@ -141,6 +155,7 @@ int supervise(const SuperviseOptions& opts) {
     exit_code = code;
     io.stop();
   });
+  const auto lifeline = holdLifeline(io, std::move(lifeline_fd), supervisor);
   io.run();
   return exit_code;
 }

@@ -132,6 +132,11 @@ std::string badUser(const char* sub, const std::string& text) {
   return std::string(sub) + ": invalid --user '" + text + "': expected UID:GID, decimal numbers\n";
 }
 
+constexpr const char* kLifelineHelp =
+    "Keep the --gate-fd descriptor once it opened; when the launcher closes its end (or dies), "
+    "stop the sandbox as on SIGTERM: every process gets SIGTERM, then SIGKILL after the grace "
+    "period";
+
 constexpr const char* kUserHelp =
     "Run CMD as UID:GID (decimal) with no supplementary group (default: ours)";
 
@@ -172,6 +177,7 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
                        "this inherited descriptor (3 or above), adopting a tun0 passed with it; if "
                        "it is closed first, exit 70 without starting CMD (default: none)")
           ->type_name("FD");
+  run_cmd->add_flag("--lifeline", run.lifeline, kLifelineHelp);
   run_cmd
       ->add_option("boundary", run.boundary,
                    "sam-box: a Unix socket path, vsock://CID:PORT, h2+unix://PATH or h2+dev://PATH")
@@ -195,6 +201,7 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
               "starts "
               "at once)")
           ->type_name("FD");
+  supervise_cmd->add_flag("--lifeline", supervise.lifeline, kLifelineHelp);
   supervise_cmd->footer(
       "CMD [ARGS…] follow the options; everything from CMD on is passed through.");
 
@@ -229,6 +236,9 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
       supervise.gate_fd = parseGateFd("supervise", gate_fd, &error);
       if (!supervise.gate_fd) return Exit{2, error};
     }
+    if (supervise.lifeline && !supervise.gate_fd) {
+      return Exit{2, "supervise: --lifeline needs --gate-fd (the lifeline is the opened gate)\n"};
+    }
     return supervise;
   }
   run.command.assign(argv + cmd_start, argv + argc);
@@ -241,6 +251,9 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
     std::string error;
     run.gate_fd = parseGateFd("run", run_gate_fd, &error);
     if (!run.gate_fd) return Exit{2, error};
+  }
+  if (run.lifeline && !run.gate_fd) {
+    return Exit{2, "run: --lifeline needs --gate-fd (the lifeline is the opened gate)\n"};
   }
   std::string reason;
   if (!parseBoundary(run.boundary, &reason)) {

@@ -1,8 +1,8 @@
 #pragma once
 // The command line (issue 3 "Commands"):
 //   nano-init run [--create-namespaces] [--ingress-socket PATH] [--user UID:GID]
-//                 [--gate-fd N] BOUNDARY CMD [ARGS…]
-//   nano-init supervise [--user UID:GID] [--gate-fd N] CMD [ARGS…]
+//                 [--gate-fd N [--lifeline]] BOUNDARY CMD [ARGS…]
+//   nano-init supervise [--user UID:GID] [--gate-fd N [--lifeline]] CMD [ARGS…]
 //   nano-init copy DEST
 //   nano-init check
 // Parsing is pure so that tests can check every refusal.
@@ -45,6 +45,9 @@ struct RunOptions {
   /// --gate-fd N (3..65535): nothing of the sandbox is set up, and CMD does not start, until
   /// gate.h's awaitGate(N) returns; a tun0 that comes with the line is the one adopted.
   std::optional<int> gate_fd;
+  /// --lifeline (needs --gate-fd): the opened gate is kept, and its closing stops the sandbox
+  /// (gate.h, Lifeline).
+  bool lifeline = false;
   std::vector<std::string> command;
 };
 
@@ -55,6 +58,8 @@ struct SuperviseOptions {
   std::optional<std::pair<uint32_t, uint32_t>> user;
   /// --gate-fd N (3..65535): CMD starts only once gate.h's awaitGate(N) returns.
   std::optional<int> gate_fd;
+  /// --lifeline (needs --gate-fd), as for RunOptions::lifeline.
+  bool lifeline = false;
   std::vector<std::string> command;
 };
 

@@ -46,6 +46,12 @@ class Supervisor {
   /// else is gone.
   void start(std::function<void(int)> done);
 
+  /// Ends the sandbox without waiting for the child to exit first: what follows the child's
+  /// exit (SIGTERM and SIGCONT to every process, the child included, SIGKILL to what is left
+  /// after the grace period), then `done` with the child's status (143 if SIGTERM ended it).
+  /// For a launcher that is gone (gate.h, Lifeline). Nothing more once shutting down.
+  void stopAll() { beginShutdown(); }
+
   /// 0..255 for exit(N), 128+N for a signal.
   static int exitCodeOf(int wait_status);
 

@@ -313,10 +313,11 @@ def test_supervise_forwards_sigterm(sup_dir):
         p.wait()
 
 
-def _gated(sup_dir, name):
-    """Starts `nano-init supervise --user nobody --gate-fd 3 sh -c 'touch MARKER'` with a pipe's
-    read end as its fd 3; returns (process, write end, marker). close_fds=False: the only
-    descriptor it inherits besides stdio is that fd 3 (os.pipe() ends are close-on-exec)."""
+def _gated(sup_dir, name, extra=(), then=""):
+    """Starts `nano-init supervise --user nobody --gate-fd 3 EXTRA sh -c 'touch MARKER; THEN'`
+    with a pipe's read end as its fd 3; returns (process, write end, marker). close_fds=False:
+    the only descriptor it inherits besides stdio is that fd 3 (os.pipe() ends are
+    close-on-exec)."""
     marker = sup_dir / name
     r, w = os.pipe()
 
@@ -325,7 +326,7 @@ def _gated(sup_dir, name):
         os.set_inheritable(3, True)
 
     p = subprocess.Popen([str(NANO_INIT), "supervise", "--user", f"{NOBODY}:{NOBODY}",
-                          "--gate-fd", "3", "sh", "-c", f"touch {marker}"],
+                          "--gate-fd", "3", *extra, "--", "sh", "-c", f"touch {marker}{then}"],
                          preexec_fn=as_fd3, close_fds=False, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          stdin=subprocess.DEVNULL, text=True)
     os.close(r)
@@ -371,6 +372,44 @@ def test_supervise_gate_closed_unopened_never_starts_the_agent(sup_dir, line):
         assert "egress gate (fd 3)" in err and "the agent was not started" in err, err
         assert not marker.exists()
     finally:
+        p.kill()
+        p.wait()
+
+
+def _holds_fd3(pid):
+    try:
+        return os.readlink(f"/proc/{pid}/fd/3").startswith("pipe:")
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("lifeline", [False, True], ids=["without", "with"])
+def test_supervise_lifeline_stops_the_sandbox_once_the_launcher_is_gone(sup_dir, lifeline):
+    """With --lifeline nano-init keeps the opened gate (never the agent): the launcher's end
+    closing, as when a runner is killed with SIGKILL, stops the agent like SIGTERM would.
+    Without it the gate is closed once open, and the agent goes on until told to end."""
+    release = sup_dir / f"release-{lifeline}"
+    p, w, marker = _gated(sup_dir, f"lifeline-{lifeline}", ["--lifeline"] if lifeline else [],
+                          f"; while [ ! -e {release} ]; do sleep 0.05; done; exit 9")
+    try:
+        os.write(w, b"armed\n")
+        boxlib.wait_for(marker.exists, timeout=10, what="the agent to start")
+        agent = int(pathlib.Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()[0])
+        assert not _holds_fd3(agent), "the agent inherited the gate"
+        assert _holds_fd3(p.pid) == lifeline
+        os.close(w)
+        w = -1
+        if lifeline:
+            _, err = p.communicate(timeout=10)
+            assert p.returncode == 128 + signal.SIGTERM, err
+            assert "the launcher is gone" in err, err
+        else:
+            release.touch()
+            _, err = p.communicate(timeout=10)
+            assert p.returncode == 9, err
+    finally:
+        if w >= 0:
+            os.close(w)
         p.kill()
         p.wait()
 

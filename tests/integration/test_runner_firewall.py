@@ -573,8 +573,10 @@ def test_podman_agent_starts_behind_the_armed_gate(podman_agent):
     # process is nano-init's exec gate, so even the agent's very first packet meets the ruleset.
     o = podman_agent["out"]
     assert o["first"] == str(CURL_CONNECT_FAILED), o
-    assert o["pid1"].startswith("/run/sam/nano-init supervise --gate-fd 3 -- sh -c"), o
-    assert o["sockets"] == "0", o  # the gate's descriptor is closed before the agent runs
+    assert o["pid1"].startswith("/run/sam/nano-init supervise --gate-fd 3 --lifeline -- sh -c"), o
+    # The agent holds no socket: nano-init keeps the gate as its lifeline, close-on-exec, in a
+    # process the agent (non-root, no capability) cannot look into.
+    assert o["sockets"] == "0", o
 
 
 def _fake_nft(tmp, name, on_ruleset):
@@ -694,6 +696,32 @@ def test_podman_sigterm_while_arming_keeps_the_gate_shut(runner_hosts, tmp):
     assert p.returncode == 128 + signal.SIGTERM, err
     assert "stopped by SIGTERM before the agent started" in err, err
     assert "AGENT-RAN" not in out + err
+    assert _agent_traces() == before
+
+
+def test_podman_runner_killed_with_a_running_agent_stops_it(runner_hosts, tmp):
+    # kill -9 of the runner once the agent runs: nano-init supervise --lifeline sees the
+    # runner's end of the gate close and stops the agent as on SIGTERM; gc removes the rest.
+    why = _podman_firewall_ready()
+    if why:
+        pytest.skip(why)
+    before = _agent_traces()
+    err = pathlib.Path(tmp) / "killed-runner.err"
+    with open(err, "w") as sink:
+        p = subprocess.Popen(_firewall_argv("sleep", "300"), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True)
+    try:
+        boxlib.wait_for(lambda: re.search(r"agent a[0-9a-f]{10} running", err.read_text()),
+                        timeout=60, what="the agent to run")
+        name = _await_new_container(before)
+    finally:
+        p.kill()
+        p.wait()
+    status = boxlib.wait_for(
+        lambda: (st := _container_status(name)).startswith("Exited") and st,
+        timeout=60, what="the container to end once its runner is gone")
+    assert status.startswith("Exited (143)"), status
+    sh(str(RUNNER), "gc")
     assert _agent_traces() == before
 
 

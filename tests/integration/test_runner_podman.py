@@ -703,6 +703,28 @@ def test_runner_killed_while_the_boundary_starts_never_runs_the_agent(image, tmp
     assert _runc_containers() <= runc_before
 
 
+def test_runner_killed_with_a_running_agent_stops_it(image, runner_hosts):
+    """kill -9 of the runner once its agent runs: nano-init holds the gate as a lifeline
+    (`--lifeline`), sees the runner's end close, and stops the sandbox as on SIGTERM; the
+    container ends by itself, not at the next gc."""
+    live = Live("sleep", "300")
+    name = f"compass-{live.id}"
+    try:
+        live.proc.kill()
+        live.proc.wait()
+
+        def ended():
+            status = podman("ps", "-a", "--filter", f"name=^{name}$", "--format",
+                            "{{.Status}}").stdout.strip()
+            return status.startswith("Exited") and status
+
+        assert wait_for(ended, "the container to end once its runner is gone",
+                        timeout=60).startswith(f"Exited ({128 + signal.SIGTERM})")
+        assert runner("gc").returncode == 0
+    finally:
+        assert live.end() == []
+
+
 # ---------------------------------------------------------------------------------------
 # Teardown
 

@@ -43,7 +43,7 @@ void say(int fd, std::string_view s) {
   ASSERT_EQ(::send(fd, s.data(), s.size(), MSG_NOSIGNAL), static_cast<ssize_t>(s.size()));
 }
 
-TEST(ExecGateTest, ReadyThenOpenDeliversTheLineAndClosesTheRunnersEnd) {
+TEST(ExecGateTest, ReadyThenOpenDeliversTheLineAndKeepsTheLifelineUntilShut) {
   Launcher launcher;  // first: a forked child must not hold the gate's ends
   ExecGate gate = ExecGate::make();
   const common::UniqueFd exited = pidFd(launcher.pid);
@@ -59,11 +59,16 @@ TEST(ExecGateTest, ReadyThenOpenDeliversTheLineAndClosesTheRunnersEnd) {
   nano.join();
   ASSERT_TRUE(gate.open());
   EXPECT_FALSE(gate.pending());
+  EXPECT_TRUE(gate.holdsLifeline());
   std::string line(nanoinit::kGateOpen.size(), '\0');
   ASSERT_EQ(::recv(far, line.data(), line.size(), MSG_WAITALL), static_cast<ssize_t>(line.size()));
   EXPECT_EQ(line, nanoinit::kGateOpen);
   char c = 0;
-  EXPECT_EQ(::recv(far, &c, 1, 0), 0) << "the runner's end is closed once the gate opened";
+  EXPECT_EQ(::recv(far, &c, 1, MSG_DONTWAIT), -1) << "the lifeline stays open after the line";
+  EXPECT_EQ(errno, EAGAIN);
+  gate.shut();
+  EXPECT_FALSE(gate.holdsLifeline());
+  EXPECT_EQ(::recv(far, &c, 1, 0), 0) << "shut() closes the lifeline";
 }
 
 TEST(ExecGateTest, OpenPassesADescriptorWithTheLine) {

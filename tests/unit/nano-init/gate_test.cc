@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "nano-init/errors.h"
@@ -177,6 +178,69 @@ TEST(GateTest, ALauncherGoneBeforeReadyKeepsTheAgentBack) {
   ::close(fds[0]);  // the launcher died: "ready" has no reader, and no SIGPIPE may kill us
   const std::string e = gateError(fds[1]);
   EXPECT_NE(e.find("closed before egress was armed"), std::string::npos) << e;
+}
+
+TEST(GateTest, WithALifelineTheOpenedGateIsKeptCloseOnExecAndTheTunStillReturned) {
+  GateSocket g;
+  Pipe p;
+  sendWithFds(g.fds[0], "armed\n", {p.w});
+  p.closeWrite();
+  common::UniqueFd lifeline;
+  const common::UniqueFd passed = awaitGate(g.fds[1], &lifeline);
+  EXPECT_TRUE(passed.valid());
+  ASSERT_EQ(lifeline.get(), g.fds[1]) << "the opened gate itself is the lifeline";
+  EXPECT_EQ(::fcntl(lifeline.get(), F_GETFD) & FD_CLOEXEC, FD_CLOEXEC)
+      << "the agent must not inherit the lifeline";
+  ASSERT_EQ(::send(g.fds[0], "x", 1, MSG_NOSIGNAL), 1) << "the launcher's end still has a reader";
+}
+
+TEST(GateTest, WithALifelineAGateClosedUnopenedIsStillRefusedAndNothingKept) {
+  Pipe p;
+  p.send("arm");
+  p.closeWrite();
+  common::UniqueFd lifeline;
+  try {
+    awaitGate(p.r, &lifeline);
+    ADD_FAILURE() << "a gate closed without the line opened";
+  } catch (const StepError& e) {
+    EXPECT_NE(std::string(e.what()).find("the agent was not started"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(lifeline.valid());
+  EXPECT_LT(::fcntl(p.r, F_GETFD), 0) << "a refused gate is closed";
+  p.r = -1;
+}
+
+TEST(GateTest, TheLifelineIgnoresBytesAndCallsGoneOnceWhenTheLauncherCloses) {
+  Pipe p;
+  p.send("armed\n");
+  common::UniqueFd fd;
+  awaitGate(p.r, &fd);
+  p.r = -1;  // owned by the lifeline now
+  asio::io_context io;
+  int gone = 0;
+  Lifeline lifeline(io, std::move(fd), [&] { ++gone; });
+  p.send("anything the launcher says more is not a reason to stop\n");
+  io.poll();
+  io.restart();
+  EXPECT_EQ(gone, 0);
+  p.closeWrite();
+  io.run();  // returns once the lifeline saw end of file and stopped waiting
+  EXPECT_EQ(gone, 1);
+}
+
+TEST(GateTest, TheLifelineSeesALauncherThatDiedWithBytesUnread) {
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+  ASSERT_EQ(::send(fds[0], "armed\n", 6, MSG_NOSIGNAL), 6);
+  common::UniqueFd fd;
+  awaitGate(fds[1], &fd);  // writes "ready", which the launcher never reads
+  asio::io_context io;
+  int gone = 0;
+  Lifeline lifeline(io, std::move(fd), [&] { ++gone; });
+  ::close(fds[0]);  // unread bytes: the reader may see ECONNRESET rather than end of file
+  io.run();
+  EXPECT_EQ(gone, 1);
 }
 
 TEST(GateTest, StdioOrAClosedDescriptorIsRefused) {

@@ -226,6 +226,28 @@ TEST(OptionsTest, RunTakesAGateDescriptorBeforeBoundary) {
   EXPECT_FALSE(std::get<RunOptions>(p).gate_fd.has_value());
 }
 
+TEST(OptionsTest, LifelineNeedsAGateDescriptor) {
+  auto p = parse({"supervise", "--gate-fd", "3", "--lifeline", "--", "sh"});
+  ASSERT_NE(std::get_if<SuperviseOptions>(&p), nullptr);
+  EXPECT_TRUE(std::get<SuperviseOptions>(p).lifeline);
+  p = parse({"supervise", "--gate-fd", "3", "sh", "--lifeline"});  // CMD's own word
+  ASSERT_NE(std::get_if<SuperviseOptions>(&p), nullptr);
+  EXPECT_FALSE(std::get<SuperviseOptions>(p).lifeline);
+  p = parse({"run", "--lifeline", "--gate-fd", "3", "/run/sam/agent.sock", "sh"});
+  ASSERT_NE(std::get_if<RunOptions>(&p), nullptr);
+  EXPECT_TRUE(std::get<RunOptions>(p).lifeline);
+  for (const char* sub : {"supervise", "run"}) {
+    p = std::string(sub) == "run" ? parse({"run", "--lifeline", "/run/sam/agent.sock", "sh"})
+                                  : parse({"supervise", "--lifeline", "sh"});
+    const auto* exit = std::get_if<Exit>(&p);
+    ASSERT_NE(exit, nullptr) << sub;
+    EXPECT_EQ(exit->exit_code, 2) << sub;
+    EXPECT_EQ(
+        exit->message,
+        std::string(sub) + ": --lifeline needs --gate-fd (the lifeline is the opened gate)\n");
+  }
+}
+
 TEST(OptionsTest, DoubleDashEndsOurOptionsSoACommandMayBeginWithADash) {
   auto p = parse({"supervise", "--gate-fd", "3", "--", "--help"});
   const auto* sup = std::get_if<SuperviseOptions>(&p);
