@@ -104,6 +104,18 @@ struct Resources {
   std::optional<uint64_t> pids;          ///< --pids, max tasks
 };
 
+/// The platform credential that the agent's sam-box verifies its bundle against (seed 003,
+/// "Identity"; docs/sam-box.md): `--credential-issuer`, `--credential-audience`,
+/// `--credential-path`, `--credential-ca` of `compass-runner run`, passed on as sam-box's flags
+/// of the same names. Without an issuer, a bundle's identity is taken as written
+/// (--insecure-unverified-bundle, and the launch says so).
+struct Credential {
+  std::string issuer;    ///< https:// URL of the OIDC issuer; empty = no credential
+  std::string audience;  ///< the token's required `aud`; set whenever `issuer` is
+  std::string path;      ///< absolute path of the token file; empty = sam-box's default
+  std::string ca;        ///< absolute path of a PEM CA file; empty = the system's CAs
+};
+
 /// One agent to run, as the operator asked for it (already syntax-checked by the CLI).
 struct AgentSpec {
   std::string id;  ///< sandbox id (state.h newAgentId()); unique on this host
@@ -112,6 +124,7 @@ struct AgentSpec {
   std::string state_dir;
   std::string bundle_path;  ///< --bundle FILE, empty if none
   std::string agent_id;     ///< the bundle's agent.id; empty without a bundle
+  Credential credential;    ///< verifies the bundle; needs one, and egress boundary
   /// The effective allowlist, each entry normalized (policy::AllowRule::text()): the
   /// --egress-allow entries in the order given, then the bundle's egress.allow, duplicates
   /// dropped. sam-box gets both the bundle and these (it ignores duplicates); the firewall

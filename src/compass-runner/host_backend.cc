@@ -231,6 +231,11 @@ class HostBackend final : public Backend {
           "the host tier has no sam-box to carry mesh.sam.alt to --sidecar-socket; use "
           "--backend podman");
     }
+    if (!spec.credential.issuer.empty()) {
+      throw RunnerError(
+          "the host tier has no sam-box to verify --credential-issuer's token and assert the "
+          "bundle's identity; use --backend podman");
+    }
     std::error_code ec;
     if (!spec.workdir.empty() && !std::filesystem::is_directory(spec.workdir, ec)) {
       throw RunnerError("--workdir " + spec.workdir + ": not a directory");

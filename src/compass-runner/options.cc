@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "policy/allowlist.h"
 #include "policy/bundle.h"
@@ -94,6 +95,60 @@ std::string absoluteDirectory(std::string_view flag, const std::string& path) {
   return std::filesystem::absolute(path).lexically_normal().string();
 }
 
+// An existing regular file for a --credential-* flag, made absolute (sam-box reads it later,
+// from another working directory).
+std::string credentialFile(std::string_view flag, const std::string& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (st.type() == std::filesystem::file_type::not_found) {
+    throw RunnerError(quoted(flag, path) + ": no such file");
+  }
+  if (ec) throw RunnerError(quoted(flag, path) + ": " + ec.message());
+  if (st.type() != std::filesystem::file_type::regular) {
+    throw RunnerError(quoted(flag, path) + ": not a regular file");
+  }
+  return std::filesystem::absolute(path).lexically_normal().string();
+}
+
+// The --credential-* flags (seed 003, "Identity"): all or nothing of issuer and audience, and
+// only where there is a bundle to verify and a sam-box to verify it.
+void checkCredential(AgentSpec& spec) {
+  Credential& c = spec.credential;
+  if (c.issuer.empty()) {
+    for (const auto& [flag, value] :
+         {std::pair{"--credential-audience", &c.audience}, std::pair{"--credential-path", &c.path},
+          std::pair{"--credential-ca", &c.ca}}) {
+      if (!value->empty()) {
+        throw RunnerError(std::string(flag) +
+                          ": needs --credential-issuer (the issuer whose token proves the "
+                          "bundle's agent.external_id)");
+      }
+    }
+    return;
+  }
+  if (c.issuer.rfind("https://", 0) != 0) {
+    throw RunnerError(quoted("--credential-issuer", c.issuer) +
+                      ": must be an https:// URL (discovery and keys are fetched over TLS)");
+  }
+  if (c.audience.empty()) {
+    throw RunnerError(
+        "--credential-issuer needs --credential-audience (the audience the "
+        "platform token was issued for)");
+  }
+  if (spec.bundle_path.empty()) {
+    throw RunnerError(
+        "--credential-issuer needs --bundle: the credential proves the bundle's "
+        "agent.external_id, and without a bundle there is no identity to prove");
+  }
+  if (spec.egress == Posture::kFirewall) {
+    throw RunnerError(
+        "--credential-issuer: egress firewall has no sam-box to verify the "
+        "credential and assert the identity; use --egress boundary");
+  }
+  if (!c.path.empty()) c.path = credentialFile("--credential-path", c.path);
+  if (!c.ca.empty()) c.ca = credentialFile("--credential-ca", c.ca);
+}
+
 // Checks the flags of `run` that the parser leaves as text and fills the spec.
 void finishRun(RunOptions& run, const std::vector<std::string>& allow, bool allow_given,
                bool egress_given, const std::string& egress, const std::string& memory,
@@ -142,6 +197,7 @@ void finishRun(RunOptions& run, const std::vector<std::string>& allow, bool allo
       throw RunnerError(quoted("--egress", egress) + ": expected boundary or firewall");
     }
   }
+  checkCredential(spec);
   if (!memory.empty()) spec.resources.memory_bytes = parseBytes("--memory", memory);
   if (!cpus.empty()) spec.resources.cpus = parseCpus("--cpus", cpus);
   if (!pids.empty()) spec.resources.pids = parsePids("--pids", pids);
@@ -296,6 +352,19 @@ Command parseCommandLine(int argc, const char* const* argv) {
   run_cmd->add_option("--workdir", run.spec.workdir,
                       "Absolute working directory of CMD (default: host tier: the current "
                       "directory; podman: the image's)");
+  Credential& cred = run.spec.credential;
+  run_cmd->add_option("--credential-issuer", cred.issuer,
+                      "https:// OIDC issuer of the platform token that proves the bundle's "
+                      "agent.external_id; sam-box verifies it (default: none: the bundle's "
+                      "identity is NOT verified)");
+  run_cmd->add_option("--credential-audience", cred.audience,
+                      "Audience the token must carry; required with --credential-issuer (default: "
+                      "none)");
+  run_cmd->add_option("--credential-path", cred.path,
+                      "Platform token file (default: sam-box's, the projected service account "
+                      "token path)");
+  run_cmd->add_option("--credential-ca", cred.ca,
+                      "PEM CA file for the issuer's HTTPS (default: the system's CAs)");
   run_cmd->add_option(
       "--sidecar-socket", run.spec.sidecar_socket,
       "sam-node's API socket, for mesh.sam.alt; egress boundary only (default: none)");

@@ -3,7 +3,9 @@
 //   compass-runner run [--backend NAME] [--bundle FILE] [--egress-allow HOST …]
 //                      [--egress boundary|firewall] [--image IMG | --rootfs DIR]
 //                      [--memory BYTES] [--cpus N] [--pids N] [--workdir DIR]
-//                      [--sidecar-socket PATH] [--accel kvm|tcg] -- CMD [ARGS…]
+//                      [--sidecar-socket PATH] [--accel kvm|tcg]
+//                      [--credential-issuer URL --credential-audience AUD
+//                       [--credential-path FILE] [--credential-ca FILE]] -- CMD [ARGS…]
 //   compass-runner agents [--json]
 //   compass-runner stop ID
 //   compass-runner resize ID [--memory BYTES] [--cpus N] [--pids N]

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "common/unique_fd.h"
 #include "compass-runner/backend.h"
@@ -35,13 +36,15 @@ SamBoxOptions boundarySamBoxOptions(const AgentSpec& spec, const std::string& bi
   o.metrics_addr = "127.0.0.1:" + std::to_string(freeLocalPort());
   o.egress_allow = spec.egress_allow;
   o.bundle = spec.bundle_path;
-  o.insecure_unverified_bundle = !spec.bundle_path.empty();
+  o.credential = spec.credential;
+  o.insecure_unverified_bundle = !spec.bundle_path.empty() && spec.credential.issuer.empty();
   o.sidecar_socket = spec.sidecar_socket;
   if (o.insecure_unverified_bundle) {
     (void)std::fprintf(
         stderr,
         "compass-runner: the bundle's agent identity is NOT verified (no platform "
-        "credential is configured); sam-box runs with --insecure-unverified-bundle\n");
+        "credential is configured); sam-box runs with --insecure-unverified-bundle. Give "
+        "--credential-issuer and --credential-audience to verify it\n");
   }
   return o;
 }
@@ -93,6 +96,13 @@ std::vector<std::string> samBoxArgv(const SamBoxOptions& opts) {
   if (!opts.bundle.empty()) {
     argv.insert(argv.end(), {"--bundle", opts.bundle});
     if (opts.insecure_unverified_bundle) argv.emplace_back("--insecure-unverified-bundle");
+  }
+  const Credential& c = opts.credential;
+  for (const auto& [flag, value] :
+       {std::pair{"--credential-issuer", &c.issuer},
+        std::pair{"--credential-audience", &c.audience}, std::pair{"--credential-path", &c.path},
+        std::pair{"--credential-ca", &c.ca}}) {
+    if (!value->empty()) argv.insert(argv.end(), {flag, *value});
   }
   if (!opts.sidecar_socket.empty()) {
     argv.insert(argv.end(), {"--sidecar-socket", opts.sidecar_socket});

@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "compass-runner/backend.h"
+
 namespace runner {
 
 /// How to run one sam-box.
@@ -20,22 +22,22 @@ struct SamBoxOptions {
   std::string metrics_addr;               ///< --metrics-addr "127.0.0.1:PORT"
   std::vector<std::string> egress_allow;  ///< one --egress-allow each
   std::string bundle;                     ///< --bundle; empty = none
-  /// --insecure-unverified-bundle: the runner has no platform credential flags, so a bundle's
-  /// identity is taken as written (the launch banner says so).
+  /// --credential-issuer/-audience/-path/-ca (empty members are not passed).
+  Credential credential;
+  /// --insecure-unverified-bundle: a bundle with no credential.issuer to verify it against, so
+  /// its identity is taken as written (the launch banner says so).
   bool insecure_unverified_bundle = false;
   std::string sidecar_socket;  ///< --sidecar-socket; empty = none
 };
-
-struct AgentSpec;
 
 /// sam-box's log (stdout and stderr) in the agent's state dir.
 inline constexpr const char* kSamBoxLog = "sam-box.log";
 
 /// The options of `spec`'s own sam-box in egress `boundary` (podman and microvm tiers): socket
 /// `socket`, log <state_dir>/sam-box.log, metrics on a free loopback port, the effective
-/// allowlist, the bundle and sam-node's socket. The runner takes no platform credential flags,
-/// so a bundle's identity is taken as written (--insecure-unverified-bundle), and this says so
-/// on stderr, as the launch banner. `binary` is findSamBox()'s answer.
+/// allowlist, the bundle, spec.credential and sam-node's socket. A bundle without a credential
+/// issuer is taken as written (--insecure-unverified-bundle), and this says so on stderr, as
+/// the launch banner. `binary` is findSamBox()'s answer.
 SamBoxOptions boundarySamBoxOptions(const AgentSpec& spec, const std::string& binary,
                                     const std::string& socket);
 

@@ -555,6 +555,61 @@ def test_a_missing_image_found_by_podman_run_is_refused_and_leaves_nothing(image
         assert _left_by(r.pid, before) == {}, (egress, r.stderr)
 
 
+@pytest.fixture(scope="module")
+def issuer(tmp_path_factory):
+    """A local HTTPS OIDC issuer on 127.0.0.1 (oidc_issuer.py), for --credential-issuer."""
+    from oidc_issuer import TestIssuer
+    i = TestIssuer(tmp_path_factory.mktemp("oidc"))
+    i.start()
+    yield i
+    i.stop()
+
+
+def _credential_run(issuer, tmp_path, sub, *cmd):
+    """A bundle (agent.id verified.test.example, external_id sa:agents:verified), a token for
+    `sub` minted by `issuer`, sam-node's place taken by an echo server; runs CMD."""
+    import boxlib
+    bundle = tmp_path / "bundle.yaml"
+    bundle.write_text("version: v1\nagent:\n  id: verified.test.example\n"
+                      "  external_id: sa:agents:verified\n")
+    token = tmp_path / "token"
+    token.write_text(issuer.mint(sub=sub, aud="sam"))
+    node = boxlib.SidecarEcho(tmp_path / "node.sock")
+    try:
+        r = run_agent_pid(*cmd, extra=(
+            "--bundle", str(bundle), "--sidecar-socket", node.path,
+            "--credential-issuer", issuer.issuer_url, "--credential-audience", "sam",
+            "--credential-path", str(token), "--credential-ca", issuer.ca_path))
+    finally:
+        node.stop()
+    return r, node.records
+
+
+def test_a_verified_bundle_identity_is_the_one_the_node_sees(image, issuer, tmp_path):
+    """seed 003 "Identity": with --credential-issuer the runner's sam-box verifies the platform
+    token (OIDC discovery, JWKS over HTTPS) and asserts the bundle's agent.id on mesh requests,
+    replacing what the sandbox sent; the launch no longer says the identity is unverified."""
+    r, records = _credential_run(
+        issuer, tmp_path, "sa:agents:verified", "curl", "-sS", "-m", "10", "-H",
+        "X-Sam-Agent: admin.test.example", "http://mesh.sam.alt/whoami")
+    assert r.returncode == 0, r.stderr
+    assert "NOT verified" not in r.stderr, r.stderr
+    assert len(records) == 1, records
+    sent = [v for k, v in records[0]["headers"] if k.lower() == "x-sam-agent"]
+    assert sent == ["verified.test.example"], records
+
+
+def test_a_credential_for_another_subject_never_starts_the_agent(image, issuer, tmp_path):
+    before = set(_agent_traces())
+    r, records = _credential_run(issuer, tmp_path, "sa:agents:someone-else", "sh", "-c",
+                                 "echo AGENT-RAN")
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert re.search(r"\bsub\b|subject|external_id", r.stderr), r.stderr  # sam-box's reason
+    assert "AGENT-RAN" not in r.stdout + r.stderr
+    assert records == []
+    assert _left_by(r.pid, before) == {}, r.stderr
+
+
 def test_refuses_a_sidecar_socket_that_cannot_reach_a_node(image, tmp_path):
     """A wrong --sidecar-socket would otherwise show only inside the sandbox, as a refused
     mesh.sam.alt: the runner refuses it before anything starts."""

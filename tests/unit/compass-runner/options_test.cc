@@ -167,6 +167,55 @@ TEST(RunOptionsTest, BadBundlesAreRefusedWithTheField) {
       std::string::npos);
 }
 
+TEST(RunOptionsTest, CredentialFlagsAreCheckedAndFilesMadeAbsolute) {
+  TempFile bundle("version: v1\nagent:\n  id: a.example\n  external_id: sa:agents:a\n");
+  TempFile token("eyJ.x.y");
+  const auto c =
+      parse({"run", "--bundle", bundle.path(), "--credential-issuer", "https://issuer.example",
+             "--credential-audience", "sam", "--credential-path", token.path(), "--credential-ca",
+             token.path(), "--", "true"});
+  const Credential& cred = asRun(c).spec.credential;
+  EXPECT_EQ(cred.issuer, "https://issuer.example");
+  EXPECT_EQ(cred.audience, "sam");
+  EXPECT_EQ(cred.path, token.path());
+  EXPECT_EQ(cred.ca, token.path());
+  EXPECT_TRUE(asRun(parse({"run", "--bundle", bundle.path(), "--", "true"}))
+                  .spec.credential.issuer.empty());
+}
+
+TEST(RunOptionsTest, CredentialFlagsRefusedWithTheReason) {
+  TempFile bundle("version: v1\nagent:\n  id: a.example\n");
+  const char* b = bundle.path();
+  const char* iss = "https://issuer.example";
+  auto has = [](const std::string& msg, std::string_view part) {
+    return msg.find(part) != std::string::npos ? ::testing::AssertionSuccess()
+                                               : ::testing::AssertionFailure() << msg;
+  };
+  EXPECT_TRUE(has(refusal({"run", "--bundle", b, "--credential-audience", "sam", "--", "true"}),
+                  "--credential-audience: needs --credential-issuer"));
+  EXPECT_TRUE(has(refusal({"run", "--bundle", b, "--credential-ca", b, "--", "true"}),
+                  "--credential-ca: needs --credential-issuer"));
+  EXPECT_TRUE(has(refusal({"run", "--bundle", b, "--credential-issuer", iss, "--", "true"}),
+                  "needs --credential-audience"));
+  EXPECT_TRUE(has(refusal({"run", "--bundle", b, "--credential-issuer", "http://issuer.example",
+                           "--credential-audience", "sam", "--", "true"}),
+                  "must be an https:// URL"));
+  EXPECT_TRUE(has(
+      refusal({"run", "--credential-issuer", iss, "--credential-audience", "sam", "--", "true"}),
+      "--credential-issuer needs --bundle"));
+  EXPECT_TRUE(has(refusal({"run", "--bundle", b, "--egress", "firewall", "--credential-issuer", iss,
+                           "--credential-audience", "sam", "--", "true"}),
+                  "egress firewall has no sam-box"));
+  EXPECT_TRUE(
+      has(refusal({"run", "--bundle", b, "--credential-issuer", iss, "--credential-audience", "sam",
+                   "--credential-path", "/nonexistent/token", "--", "true"}),
+          "--credential-path \"/nonexistent/token\": no such file"));
+  EXPECT_TRUE(
+      has(refusal({"run", "--bundle", b, "--credential-issuer", iss, "--credential-audience", "sam",
+                   "--credential-ca", "/tmp", "--", "true"}),
+          "--credential-ca \"/tmp\": not a regular file"));
+}
+
 TEST(RunOptionsTest, AnEmptyAllowlistBesideNamesIsRefused) {
   // `""` says "allow nothing"; a name beside it says the opposite: neither is picked silently.
   std::string why =

@@ -147,5 +147,30 @@ TEST(SamBoxArgv, EgressBundleAndSidecar) {
   EXPECT_FALSE(has(samBoxArgv(o), "--insecure-unverified-bundle"));
 }
 
+TEST(SamBoxArgv, ACredentialIsPassedAndTheBundleIsVerifiedNotTakenAsWritten) {
+  AgentSpec spec;
+  spec.state_dir = "/run/compass-runner/a1";
+  spec.bundle_path = "/b.yaml";
+  spec.credential = {"https://issuer.example", "sam", "/var/run/token", "/etc/issuer-ca.pem"};
+  V a = samBoxArgv(boundarySamBoxOptions(spec, "/usr/bin/sam-box", "/s.sock"));
+  EXPECT_EQ(valuesOf(a, "--bundle"), V{"/b.yaml"});
+  EXPECT_FALSE(has(a, "--insecure-unverified-bundle"));
+  EXPECT_EQ(valuesOf(a, "--credential-issuer"), V{"https://issuer.example"});
+  EXPECT_EQ(valuesOf(a, "--credential-audience"), V{"sam"});
+  EXPECT_EQ(valuesOf(a, "--credential-path"), V{"/var/run/token"});
+  EXPECT_EQ(valuesOf(a, "--credential-ca"), V{"/etc/issuer-ca.pem"});
+  // Path and CA left to sam-box's defaults are not passed at all.
+  spec.credential.path.clear();
+  spec.credential.ca.clear();
+  a = samBoxArgv(boundarySamBoxOptions(spec, "/usr/bin/sam-box", "/s.sock"));
+  EXPECT_FALSE(has(a, "--credential-path"));
+  EXPECT_FALSE(has(a, "--credential-ca"));
+  // No issuer: the bundle is taken as written, and said to be.
+  spec.credential = {};
+  a = samBoxArgv(boundarySamBoxOptions(spec, "/usr/bin/sam-box", "/s.sock"));
+  EXPECT_TRUE(has(a, "--insecure-unverified-bundle"));
+  EXPECT_FALSE(has(a, "--credential-issuer"));
+}
+
 }  // namespace
 }  // namespace runner::podman
