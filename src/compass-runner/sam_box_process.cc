@@ -172,12 +172,16 @@ void SamBoxProcess::spawn(const SamBoxOptions& opts) {
   spawn_opts.die_with_parent = true;  // a killed runner leaves no boundary serving nobody
   socket_ = opts.socket;
   log_ = opts.log;
+  verifies_ = !opts.credential.issuer.empty();
   pid_ = ::runner::spawn(spawn_opts);
 }
 
 void SamBoxProcess::waitReady(std::chrono::milliseconds timeout) {
   if (pid_ <= 0) throw RunnerError("sam-box is not running (it was not started)");
-  const auto deadline = Clock::now() + timeout;
+  const std::chrono::milliseconds limit =
+      timeout + (verifies_ ? std::chrono::milliseconds(kCredentialVerifyGrace)
+                           : std::chrono::milliseconds(0));
+  const auto deadline = Clock::now() + limit;
   // A stat() every millisecond, woken at once by sam-box's exit (pidfd): this wait is on the
   // agent's path to exec, and sam-box makes its socket within 1 to 2 ms. (Not inotify: closing
   // an inotify instance waits for an SRCU grace period, 10 to 20 ms of the agent's start.)
@@ -189,7 +193,7 @@ void SamBoxProcess::waitReady(std::chrono::milliseconds timeout) {
     if (Clock::now() > deadline) {
       stop();
       throw RunnerError("sam-box did not create " + socket_ + " within " +
-                        std::to_string(timeout.count()) + " ms; the end of " + log_ + ":\n" +
+                        std::to_string(limit.count()) + " ms; the end of " + log_ + ":\n" +
                         tailOfFile(log_));
     }
     pollfd fd{exited.get(), POLLIN, 0};

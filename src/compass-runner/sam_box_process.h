@@ -41,6 +41,10 @@ inline constexpr const char* kSamBoxLog = "sam-box.log";
 SamBoxOptions boundarySamBoxOptions(const AgentSpec& spec, const std::string& binary,
                                     const std::string& socket);
 
+/// Extra time SamBoxProcess::waitReady() gives a sam-box that verifies a credential: sam-box's
+/// verifier bound (30 s, src/sam-box/verifier.h kVerifierTimeout) and a margin.
+inline constexpr std::chrono::seconds kCredentialVerifyGrace{35};
+
 /// The argv of `sam-box run` for `opts` (pure).
 std::vector<std::string> samBoxArgv(const SamBoxOptions& opts);
 
@@ -70,7 +74,9 @@ class SamBoxProcess {
   /// PDEATHSIG follows that thread) and returns at once, so the caller can prepare the rest
   /// of the sandbox while sam-box starts. Throws RunnerError if it cannot be started.
   void spawn(const SamBoxOptions& opts);
-  /// Waits up to `timeout` for the socket of the sam-box spawn() started to appear. Throws
+  /// Waits up to `timeout` for the socket of the sam-box spawn() started to appear, plus
+  /// kCredentialVerifyGrace when it verifies a credential (OIDC discovery and JWKS over HTTPS
+  /// come first), so a slow issuer fails with sam-box's own reason, not this wait's. Throws
   /// RunnerError with the last lines of its log if it exits first or the socket does not
   /// appear in time (then it is killed).
   void waitReady(std::chrono::milliseconds timeout);
@@ -95,7 +101,8 @@ class SamBoxProcess {
   void throwIfExited(const char* when);
 
   pid_t pid_ = -1;
-  std::string socket_;  ///< of the last spawn()
+  bool verifies_ = false;  ///< the last spawn() passed a credential issuer
+  std::string socket_;     ///< of the last spawn()
   std::string log_;
   std::thread watcher_;  ///< watch()'s thread; joined by stop()
   int watch_stop_ = -1;  ///< eventfd that ends it

@@ -610,6 +610,27 @@ def test_a_credential_for_another_subject_never_starts_the_agent(image, issuer, 
     assert _left_by(r.pid, before) == {}, r.stderr
 
 
+def test_an_issuer_that_never_answers_fails_with_sam_boxs_reason(image, issuer, tmp_path):
+    """An issuer that accepts and then says nothing: sam-box gives up on it (its own fetch
+    timeout, 10 s) and says why; the runner waits for that rather than cutting sam-box off
+    at its usual 5 s with no reason to show."""
+    bundle = tmp_path / "bundle.yaml"
+    bundle.write_text("version: v1\nagent:\n  id: a.test.example\n  external_id: sa:a\n")
+    token = tmp_path / "token"
+    token.write_text(issuer.mint(sub="sa:a", aud="sam"))
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # connections complete in the backlog and are never answered
+        r = run_agent("sh", "-c", "echo AGENT-RAN", extra=(
+            "--bundle", str(bundle), "--credential-issuer",
+            f"https://127.0.0.1:{silent.getsockname()[1]}", "--credential-audience", "sam",
+            "--credential-path", str(token), "--credential-ca", issuer.ca_path))
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "AGENT-RAN" not in r.stdout + r.stderr
+    assert "sam-box exited with status" in r.stderr, r.stderr
+    assert "did not create" not in r.stderr, r.stderr
+
+
 def test_refuses_a_sidecar_socket_that_cannot_reach_a_node(image, tmp_path):
     """A wrong --sidecar-socket would otherwise show only inside the sandbox, as a refused
     mesh.sam.alt: the runner refuses it before anything starts."""
