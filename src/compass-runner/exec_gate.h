@@ -2,9 +2,10 @@
 // The runner's side of nano-init's exec gate (src/nano-init/gate.h; seed 002: the agent is
 // executed only "after the exec gate opens", once its egress is armed). Used by the podman
 // tier in both egress modes: with `firewall` the container's first process is `nano-init
-// supervise --gate-fd 3`, and the runner opens the gate once the netns's ruleset is loaded and
-// verified; with `boundary` it is `nano-init run --gate-fd 3`, and the runner opens the gate,
-// passing tun0 with the line, once sam-box serves and tun0 is configured.
+// supervise --gate-fd 3 --lifeline`, and the runner opens the gate once the netns's ruleset is
+// loaded and verified; with `boundary` it is `nano-init run --gate-fd 3 --lifeline`, and the
+// runner opens the gate, passing tun0 with the line, once sam-box serves and tun0 is
+// configured. The runner then keeps its end open until the agent has ended (the lifeline).
 
 #include <sys/types.h>
 

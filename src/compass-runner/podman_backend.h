@@ -6,8 +6,8 @@
 //   egress boundary (default)        egress firewall
 //   netns: lo + tun0 (fd → nano-init)  netns: lo + veth, nft ruleset (firewall.h)
 //   sam-box on <state>/sam/agent.sock  the runner's DNS forwarder as the sandbox's resolver
-//   entry: nano-init run --gate-fd 3   entry: nano-init supervise --gate-fd 3 -- CMD…
-//          SOCK CMD…
+//   entry: nano-init run --gate-fd 3   entry: nano-init supervise --gate-fd 3
+//          --lifeline SOCK CMD…               --lifeline -- CMD…
 //
 // In both the agent runs as uid 1000 (host uid = its range's base + 1000), with no
 // capability, no_new_privs and no terminal; the container never holds CAP_NET_ADMIN. See

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
@@ -85,6 +86,13 @@ common::UniqueFd awaitGate(int fd, common::UniqueFd* lifeline) {
   }
   const bool opened = line == kGateOpen && passed.fds.size() <= 1 && !passed.truncated;
   if (opened && lifeline != nullptr) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) throwErrno(what + ": fstat");
+    if (!S_ISSOCK(st.st_mode) && !S_ISFIFO(st.st_mode)) {
+      throw StepError(what +
+                      ": --lifeline needs a socket or a pipe (nothing else can tell that the "
+                      "launcher closed its end); the agent was not started");
+    }
     if (::fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) throwErrno(what + ": fcntl(F_SETFD)");
     *lifeline = std::move(gate);
   } else {
@@ -114,7 +122,11 @@ Lifeline::Lifeline(asio::io_context& io, common::UniqueFd fd, std::function<void
 
 void Lifeline::wait() {
   fd_.async_wait(asio::posix::stream_descriptor::wait_read, [this](const std::error_code& ec) {
-    if (ec) return;  // cancelled: nano-init is ending
+    if (ec == asio::error::operation_aborted) return;  // nano-init is ending
+    if (ec) {  // the gate cannot be watched any more: fail closed, as if the launcher left
+      if (gone_) std::exchange(gone_, nullptr)();
+      return;
+    }
     std::array<char, 256> buf{};
     ssize_t n;
     do {

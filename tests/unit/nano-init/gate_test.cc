@@ -211,6 +211,25 @@ TEST(GateTest, WithALifelineAGateClosedUnopenedIsStillRefusedAndNothingKept) {
   p.r = -1;
 }
 
+TEST(GateTest, ALifelineOnAnythingButASocketOrPipeIsRefused) {
+  char path[] = "/tmp/gate-lifeline-XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ::unlink(path);
+  ASSERT_EQ(::write(fd, "armed\n", 6), 6);
+  ASSERT_EQ(::lseek(fd, 0, SEEK_SET), 0);
+  common::UniqueFd lifeline;
+  try {
+    awaitGate(fd, &lifeline);
+    ADD_FAILURE() << "a regular file cannot tell that the launcher left";
+  } catch (const StepError& e) {
+    EXPECT_NE(std::string(e.what()).find("--lifeline needs a socket or a pipe"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(lifeline.valid());
+  if (::fcntl(fd, F_GETFD) >= 0) ::close(fd);
+}
+
 TEST(GateTest, TheLifelineIgnoresBytesAndCallsGoneOnceWhenTheLauncherCloses) {
   Pipe p;
   p.send("armed\n");
