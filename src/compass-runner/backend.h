@@ -124,6 +124,7 @@ struct AgentSpec {
   std::string state_dir;
   std::string bundle_path;  ///< --bundle FILE, empty if none
   std::string agent_id;     ///< the bundle's agent.id; empty without a bundle
+  std::string external_id;  ///< the bundle's agent.external_id; empty if none or no bundle
   Credential credential;    ///< verifies the bundle; needs one, and egress boundary
   /// The effective allowlist, each entry normalized (policy::AllowRule::text()): the
   /// --egress-allow entries in the order given, then the bundle's egress.allow, duplicates

@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -83,6 +84,7 @@ void applyBundle(const std::string& path, AgentSpec& spec, std::vector<policy::A
                       "(no ingress is wired to the sandbox); remove the serves section");
   }
   spec.agent_id = bundle.agent_id;
+  spec.external_id = bundle.external_id;
   for (auto& rule : bundle.egress_allow) rules.push_back(std::move(rule));
   spec.bundle_path = std::filesystem::absolute(path).string();
 }
@@ -126,9 +128,15 @@ void checkCredential(AgentSpec& spec) {
     }
     return;
   }
-  if (c.issuer.rfind("https://", 0) != 0) {
+  constexpr std::string_view kHttps = "https://";
+  const std::string_view rest = std::string_view(c.issuer).substr(
+      c.issuer.rfind(kHttps, 0) == 0 ? kHttps.size() : c.issuer.size());
+  if (rest.empty() || rest.front() == '/' || std::any_of(rest.begin(), rest.end(), [](char ch) {
+        return static_cast<unsigned char>(ch) <= ' ' || ch == 0x7f;
+      })) {
     throw RunnerError(quoted("--credential-issuer", c.issuer) +
-                      ": must be an https:// URL (discovery and keys are fetched over TLS)");
+                      ": must be an https:// URL with a host and no spaces (discovery and keys "
+                      "are fetched over TLS)");
   }
   if (c.audience.empty()) {
     throw RunnerError(
@@ -139,6 +147,11 @@ void checkCredential(AgentSpec& spec) {
     throw RunnerError(
         "--credential-issuer needs --bundle: the credential proves the bundle's "
         "agent.external_id, and without a bundle there is no identity to prove");
+  }
+  if (spec.external_id.empty()) {
+    throw RunnerError(quoted("--bundle", spec.bundle_path) +
+                      ": agent.external_id: required with --credential-issuer (the token's "
+                      "subject must match it)");
   }
   if (spec.egress == Posture::kFirewall) {
     throw RunnerError(

@@ -10,6 +10,11 @@
 #include "sam-box/identity.h"
 #include "sam-box/verifier.h"
 
+#include <poll.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <map>
@@ -37,6 +42,12 @@ int emit(const sambox::Verdict& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Dies with sam-box (prctl(2) PR_SET_PDEATHSIG): a sam-box killed with SIGKILL (with the
+  // runner that started it) must not leave this fetching for the rest of its timeout. Had
+  // sam-box died before this call, the verdict pipe already has no reader (POLLERR, poll(2)).
+  (void)::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  pollfd out{STDOUT_FILENO, POLLOUT, 0};
+  if (::poll(&out, 1, 0) == 1 && (out.revents & POLLERR) != 0) return kExitUsage;
   std::map<std::string, std::string*> flags;
   sambox::IdentityCheck check;
   flags[sambox::kArgIssuer] = &check.issuer;

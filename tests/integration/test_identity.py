@@ -192,3 +192,49 @@ def test_insecure_flag_starts_and_says_what_it_means(sam_box):
     assert "bundle" in text and "write" in text and "decide" in text, \
         f"no warning saying whoever can write the bundle decides the agent:\n{b.stderr_text()}"
     assert isinstance(b, SamBox)
+
+
+def test_the_verifier_dies_with_a_killed_sam_box(issuer, tmp_path):
+    """sam-box killed with SIGKILL while its verifier (sam-box-verify) waits on an issuer that
+    never answers: the verifier must go with it (PR_SET_PDEATHSIG), not fetch on for the rest
+    of its 10 s timeout. On loopback."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    bundle = tmp_path / "bundle.yaml"
+    bundle.write_text(std_bundle())
+    token = write_token(tmp_path, issuer.mint(sub=EXTERNAL_ID))
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # connections complete in the backlog and are never answered
+        args = cred_args(issuer, token)
+        args[1] = f"https://127.0.0.1:{silent.getsockname()[1]}"
+        box = subprocess.Popen([str(boxlib.SAM_BOX_RUN or boxlib.SAM_BOX), "run", "--socket",
+                                str(tmp_path / "box.sock"), "--bundle", str(bundle), *args],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        try:
+            def verifier():
+                try:
+                    kids = open(f"/proc/{box.pid}/task/{box.pid}/children").read().split()
+                except OSError:
+                    return None
+                return int(kids[0]) if kids else None
+
+            pid = boxlib.wait_for(verifier, timeout=5, what="sam-box to start its verifier")
+            assert "sam-box-verify" in open(f"/proc/{pid}/cmdline").read()
+            box.send_signal(signal.SIGKILL)
+            box.wait()
+
+            def gone():
+                try:
+                    return open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"
+                except OSError:
+                    return True
+
+            # Well inside the verifier's own 10 s fetch timeout, which would end it anyway.
+            boxlib.wait_for(gone, timeout=5, what="the verifier to die with sam-box")
+        finally:
+            box.kill()
+            box.wait()

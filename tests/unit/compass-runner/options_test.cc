@@ -184,7 +184,7 @@ TEST(RunOptionsTest, CredentialFlagsAreCheckedAndFilesMadeAbsolute) {
 }
 
 TEST(RunOptionsTest, CredentialFlagsRefusedWithTheReason) {
-  TempFile bundle("version: v1\nagent:\n  id: a.example\n");
+  TempFile bundle("version: v1\nagent:\n  id: a.example\n  external_id: sa:a\n");
   const char* b = bundle.path();
   const char* iss = "https://issuer.example";
   auto has = [](const std::string& msg, std::string_view part) {
@@ -200,6 +200,16 @@ TEST(RunOptionsTest, CredentialFlagsRefusedWithTheReason) {
   EXPECT_TRUE(has(refusal({"run", "--bundle", b, "--credential-issuer", "http://issuer.example",
                            "--credential-audience", "sam", "--", "true"}),
                   "must be an https:// URL"));
+  for (const char* bad :
+       {"https://", "https:///path", "https://issuer example", "issuer.example"}) {
+    EXPECT_TRUE(has(refusal({"run", "--bundle", b, "--credential-issuer", bad,
+                             "--credential-audience", "sam", "--", "true"}),
+                    "must be an https:// URL with a host"));
+  }
+  TempFile anonymous("version: v1\nagent:\n  id: a.example\n");
+  EXPECT_TRUE(has(refusal({"run", "--bundle", anonymous.path(), "--credential-issuer", iss,
+                           "--credential-audience", "sam", "--", "true"}),
+                  "agent.external_id: required with --credential-issuer"));
   EXPECT_TRUE(has(
       refusal({"run", "--credential-issuer", iss, "--credential-audience", "sam", "--", "true"}),
       "--credential-issuer needs --bundle"));
