@@ -123,20 +123,19 @@ Lifeline::Lifeline(asio::io_context& io, common::UniqueFd fd, std::function<void
 void Lifeline::wait() {
   fd_.async_wait(asio::posix::stream_descriptor::wait_read, [this](const std::error_code& ec) {
     if (ec == asio::error::operation_aborted) return;  // nano-init is ending
-    if (ec) {  // the gate cannot be watched any more: fail closed, as if the launcher left
-      if (gone_) std::exchange(gone_, nullptr)();
-      return;
+    if (!ec) {
+      std::array<char, 256> buf{};
+      ssize_t n;
+      do {
+        n = ::read(fd_.native_handle(), buf.data(), buf.size());
+      } while (n < 0 && errno == EINTR);
+      if (n > 0) {
+        wait();  // the launcher said something more: not ours to act on
+        return;
+      }
     }
-    std::array<char, 256> buf{};
-    ssize_t n;
-    do {
-      n = ::read(fd_.native_handle(), buf.data(), buf.size());
-    } while (n < 0 && errno == EINTR);
-    if (n > 0) {
-      wait();  // the launcher said something more: not ours to act on
-      return;
-    }
-    // End of file, or an error (ECONNRESET: the launcher died with bytes unread): it is gone.
+    // End of file, or a read error (ECONNRESET: the launcher died with bytes unread): it is
+    // gone. A gate that cannot be watched any more (`ec`) fails closed the same way.
     if (gone_) std::exchange(gone_, nullptr)();
   });
 }

@@ -33,7 +33,7 @@ inline constexpr std::string_view kGateReady = "ready\n";
 /// failed to arm, or died), if it writes anything else, or if more than one descriptor
 /// arrives (every one received is closed then); the caller must not start the agent then.
 /// With `lifeline` non-null, the gate is not closed once it opened: it is made close-on-exec
-/// (the agent still never inherits it) and moved to `*lifeline`, for watchLifeline().
+/// (the agent still never inherits it) and moved to `*lifeline`, for a Lifeline.
 common::UniqueFd awaitGate(int fd, common::UniqueFd* lifeline = nullptr);
 
 /// `--lifeline`: once the agent runs, waits on the opened gate (a stream socket or pipe end)

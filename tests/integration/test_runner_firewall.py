@@ -673,9 +673,7 @@ def test_podman_runner_killed_while_arming_never_runs_the_agent_and_gc_cleans(ru
     name = _await_new_container(before)
     p.kill()
     p.wait()
-    status = boxlib.wait_for(
-        lambda: (st := _container_status(name)).startswith("Exited") and st,
-        timeout=60, what="the container to end at its closed gate")
+    status = _await_exited(name, "the container to end at its closed gate")
     assert status.startswith("Exited (70)"), status
     assert "AGENT-RAN" not in out.read_text()
     sh(str(RUNNER), "gc")
@@ -717,9 +715,7 @@ def test_podman_runner_killed_with_a_running_agent_stops_it(runner_hosts, tmp):
     finally:
         p.kill()
         p.wait()
-    status = boxlib.wait_for(
-        lambda: (st := _container_status(name)).startswith("Exited") and st,
-        timeout=60, what="the container to end once its runner is gone")
+    status = _await_exited(name, "the container to end once its runner is gone")
     assert status.startswith("Exited (143)"), status
     sh(str(RUNNER), "gc")
     assert _agent_traces() == before
@@ -728,6 +724,12 @@ def test_podman_runner_killed_with_a_running_agent_stops_it(runner_hosts, tmp):
 def _container_status(name):
     return sh("podman", "ps", "-a", "--filter", f"name=^{name}$", "--format",
               "{{.Status}}").stdout.strip()
+
+
+def _await_exited(name, what):
+    """The container's status ("Exited (N) …") once it has exited, waiting up to 60 s."""
+    return boxlib.wait_for(lambda: (st := _container_status(name)).startswith("Exited") and st,
+                           timeout=60, what=what)
 
 
 def _await_new_container(before):

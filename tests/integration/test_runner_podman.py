@@ -565,9 +565,10 @@ def issuer(tmp_path_factory):
     i.stop()
 
 
-def _credential_run(issuer, tmp_path, sub, *cmd):
+def _credential_run(issuer, tmp_path, sub, *cmd, issuer_url=None):
     """A bundle (agent.id verified.test.example, external_id sa:agents:verified), a token for
-    `sub` minted by `issuer`, sam-node's place taken by an echo server; runs CMD."""
+    `sub` minted by `issuer`, sam-node's place taken by an echo server; runs CMD with
+    --credential-issuer `issuer_url` (default: the issuer's own)."""
     import boxlib
     bundle = tmp_path / "bundle.yaml"
     bundle.write_text("version: v1\nagent:\n  id: verified.test.example\n"
@@ -578,7 +579,7 @@ def _credential_run(issuer, tmp_path, sub, *cmd):
     try:
         r = run_agent_pid(*cmd, extra=(
             "--bundle", str(bundle), "--sidecar-socket", node.path,
-            "--credential-issuer", issuer.issuer_url, "--credential-audience", "sam",
+            "--credential-issuer", issuer_url or issuer.issuer_url, "--credential-audience", "sam",
             "--credential-path", str(token), "--credential-ca", issuer.ca_path))
     finally:
         node.stop()
@@ -614,18 +615,14 @@ def test_an_issuer_that_never_answers_fails_with_sam_boxs_reason(image, issuer, 
     """An issuer that accepts and then says nothing: sam-box gives up on it (its own fetch
     timeout, 10 s) and says why; the runner waits for that rather than cutting sam-box off
     at its usual 5 s with no reason to show."""
-    bundle = tmp_path / "bundle.yaml"
-    bundle.write_text("version: v1\nagent:\n  id: a.test.example\n  external_id: sa:a\n")
-    token = tmp_path / "token"
-    token.write_text(issuer.mint(sub="sa:a", aud="sam"))
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)  # connections complete in the backlog and are never answered
-        r = run_agent("sh", "-c", "echo AGENT-RAN", extra=(
-            "--bundle", str(bundle), "--credential-issuer",
-            f"https://127.0.0.1:{silent.getsockname()[1]}", "--credential-audience", "sam",
-            "--credential-path", str(token), "--credential-ca", issuer.ca_path))
+        r, records = _credential_run(
+            issuer, tmp_path, "sa:agents:verified", "sh", "-c", "echo AGENT-RAN",
+            issuer_url=f"https://127.0.0.1:{silent.getsockname()[1]}")
     assert r.returncode != 0, r.stdout + r.stderr
+    assert records == []
     assert "AGENT-RAN" not in r.stdout + r.stderr
     assert "sam-box exited with status" in r.stderr, r.stderr
     assert "did not create" not in r.stderr, r.stderr
@@ -750,6 +747,16 @@ def test_sigterm_while_the_boundary_starts_keeps_the_gate_shut(image, tmp_path):
     assert _left_by(p.pid, before) == {}, err
 
 
+def _await_exited(name, what):
+    """The container's status ("Exited (N) …") once it has exited, waiting up to 60 s."""
+    def ended():
+        status = podman("ps", "-a", "--filter", f"name=^{name}$", "--format",
+                        "{{.Status}}").stdout.strip()
+        return status.startswith("Exited") and status
+
+    return wait_for(ended, what, timeout=60)
+
+
 def test_runner_killed_while_the_boundary_starts_never_runs_the_agent(image, tmp_path):
     """kill -9 of the runner while sam-box is starting: podman, which outlives it, finishes the
     start; nano-init finds the gate closed and exits 70 without running the agent; gc removes
@@ -766,12 +773,7 @@ def test_runner_killed_while_the_boundary_starts_never_runs_the_agent(image, tmp
         p.kill()
         p.wait()
 
-    def ended():
-        status = podman("ps", "-a", "--filter", f"name=^{name}$", "--format",
-                        "{{.Status}}").stdout.strip()
-        return status.startswith("Exited") and status
-
-    assert wait_for(ended, "the container to end at its closed gate", timeout=60).startswith(
+    assert _await_exited(name, "the container to end at its closed gate").startswith(
         "Exited (70)")
     assert "AGENT-RAN" not in out.read_text()
     assert runner("gc").returncode == 0
@@ -789,13 +791,8 @@ def test_runner_killed_with_a_running_agent_stops_it(image, runner_hosts):
         live.proc.kill()
         live.proc.wait()
 
-        def ended():
-            status = podman("ps", "-a", "--filter", f"name=^{name}$", "--format",
-                            "{{.Status}}").stdout.strip()
-            return status.startswith("Exited") and status
-
-        assert wait_for(ended, "the container to end once its runner is gone",
-                        timeout=60).startswith(f"Exited ({128 + signal.SIGTERM})")
+        assert _await_exited(name, "the container to end once its runner is gone").startswith(
+            f"Exited ({128 + signal.SIGTERM})")
         assert runner("gc").returncode == 0
     finally:
         assert live.end() == []
