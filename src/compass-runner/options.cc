@@ -17,6 +17,7 @@
 
 #include "policy/allowlist.h"
 #include "policy/bundle.h"
+#include "sam-box/options.h"
 
 namespace runner {
 namespace {
@@ -158,7 +159,18 @@ void checkCredential(AgentSpec& spec) {
         "--credential-issuer: egress firewall has no sam-box to verify the "
         "credential and assert the identity; use --egress boundary");
   }
-  if (!c.path.empty()) c.path = credentialFile("--credential-path", c.path);
+  if (c.path.empty()) {
+    // sam-box would read its default only once podman runs; the operator hears it now.
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(sambox::kDefaultCredentialPath, ec)) {
+      throw RunnerError(std::string("--credential-path: not given, and its default \"") +
+                        sambox::kDefaultCredentialPath +
+                        "\" (the projected service account token) is not a regular file on "
+                        "this host; give the platform token's file");
+    }
+  } else {
+    c.path = credentialFile("--credential-path", c.path);
+  }
   if (!c.ca.empty()) c.ca = credentialFile("--credential-ca", c.ca);
 }
 

@@ -286,6 +286,56 @@ def test_rootfs_dir_and_bundle_allowlist(image, runner_hosts, tmp_path):
                        capture_output=True, env=env)
 
 
+def _credential_run(tmp_path, sub, *cmd):
+    """Runs CMD in a guest with --credential-issuer (a local HTTPS OIDC issuer) and a token
+    for `sub`; the bundle is agent.id verified.test.example, external_id sa:agents:verified,
+    and sam-node's place is taken by an echo server. Returns (result, the node's records)."""
+    import boxlib
+    from oidc_issuer import TestIssuer
+    issuer = TestIssuer(tmp_path / "oidc")
+    issuer.start()
+    bundle = tmp_path / "bundle.yaml"
+    bundle.write_text("version: v1\nagent:\n  id: verified.test.example\n"
+                      "  external_id: sa:agents:verified\n")
+    token = tmp_path / "token"
+    token.write_text(issuer.mint(sub=sub, aud="sam"))
+    node = boxlib.SidecarEcho(tmp_path / "node.sock")
+    try:
+        r = runner("run", *TCG, "--bundle", str(bundle), "--sidecar-socket", node.path,
+                   "--credential-issuer", issuer.issuer_url, "--credential-audience", "sam",
+                   "--credential-path", str(token), "--credential-ca", issuer.ca_path, "--",
+                   *cmd)
+    finally:
+        node.stop()
+        issuer.stop()
+    return r, node.records
+
+
+def test_a_verified_identity_reaches_the_node_from_the_guest(image, tmp_path):
+    """seed 003 "Identity", in this tier: the runner's sam-box verifies the platform token,
+    and a mesh request from the guest (HTTP/2 over the virtio-serial port) reaches the node
+    as the bundle's verified agent.id, whatever the agent sends as X-Sam-Agent."""
+    r, records = _credential_run(tmp_path, "sa:agents:verified", "curl", "-sS", "-m", "30",
+                                 "-H", "X-Sam-Agent: admin.test.example",
+                                 "http://mesh.sam.alt/whoami")
+    assert r.returncode == 0, r.stderr
+    assert "NOT verified" not in r.stderr, r.stderr
+    assert len(records) == 1, records
+    sent = [v for k, v in records[0]["headers"] if k.lower() == "x-sam-agent"]
+    assert sent == ["verified.test.example"], records
+
+
+def test_a_credential_for_another_subject_never_runs_the_agent(image, tmp_path):
+    before = set(os.listdir(STATE_ROOT))
+    r, records = _credential_run(tmp_path, "sa:agents:someone-else", "sh", "-c",
+                                 "echo AGENT-RAN")
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert re.search(r"\bsub\b|subject|external_id", r.stderr), r.stderr  # sam-box's reason
+    assert "AGENT-RAN" not in r.stdout + r.stderr
+    assert records == []
+    assert _no_new_state_dirs(before) == [], r.stderr
+
+
 def test_sigterm_while_the_guest_boots_stops_it_once_started(image):
     before = set(os.listdir(STATE_ROOT))
     proc = subprocess.Popen([str(RUNNER), "run", *TCG, "--", "sleep", "300"],

@@ -222,8 +222,22 @@ TEST(RunOptionsTest, CredentialFlagsRefusedWithTheReason) {
           "--credential-path \"/nonexistent/token\": no such file"));
   EXPECT_TRUE(
       has(refusal({"run", "--bundle", b, "--credential-issuer", iss, "--credential-audience", "sam",
-                   "--credential-ca", "/tmp", "--", "true"}),
+                   "--credential-path", b, "--credential-ca", "/tmp", "--", "true"}),
           "--credential-ca \"/tmp\": not a regular file"));
+}
+
+TEST(RunOptionsTest, AMissingDefaultTokenIsRefusedBeforeAnythingStarts) {
+  // Without --credential-path, sam-box would read the projected token path only once podman
+  // ran; the runner checks that file itself and names the flag to give instead.
+  if (std::filesystem::exists("/var/run/secrets/tokens/sam-token")) {
+    GTEST_SKIP() << "this host has a projected token at the default path";
+  }
+  TempFile bundle("version: v1\nagent:\n  id: a.example\n  external_id: sa:a\n");
+  const std::string why =
+      refusal({"run", "--bundle", bundle.path(), "--credential-issuer", "https://issuer.example",
+               "--credential-audience", "sam", "--", "true"});
+  EXPECT_NE(why.find("--credential-path: not given"), std::string::npos) << why;
+  EXPECT_NE(why.find("\"/var/run/secrets/tokens/sam-token\""), std::string::npos) << why;
 }
 
 TEST(RunOptionsTest, AnEmptyAllowlistBesideNamesIsRefused) {
