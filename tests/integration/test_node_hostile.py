@@ -207,6 +207,15 @@ def holders(fresh_node):
         h.close()
 
 
+def _assert_cap_held(held, node):
+    """The holders got exactly the cap, except that a machine slow enough to take over 5 s
+    (kSlowRequest) to start them may already have seen the node close an early one of theirs
+    (logged slow-request-evicted, counted as held by a holder that checked before) to admit a
+    later one: at most one more held per eviction, never more than that."""
+    evicted = sum(1 for line in node.logs() if line.get("reason") == "slow-request-evicted")
+    assert MAX_CONNECTIONS <= held <= MAX_CONNECTIONS + evicted, (held, evicted)
+
+
 def test_connection_cap_answers_503_then_closes_the_slowest_request(fresh_node, holders):
     """Every slot held by requests in progress (heads not complete, from five peers of
     PER_PEER each): while they are younger than 5 s (kSlowRequest) the next connection is
@@ -217,7 +226,7 @@ def test_connection_cap_answers_503_then_closes_the_slowest_request(fresh_node, 
     # The fifth peer's 64 were refused (503): no slot was idle and none yet slow. (A probe
     # made after this may already find one past 5 s on a loaded machine: that 503 is proven
     # by unit_sam_node HttpServerTest.AFullServerRefusesWhenNoConnectionMayBeClosed.)
-    assert held == MAX_CONNECTIONS, held
+    _assert_cap_held(held, fresh_node)
     wait_for(lambda: call(sock_path, "GET", "/v1/models", READER).status == 200, timeout=20,
              what="the node to close a slow request to make room")
     assert any(line.get("reason") == "slow-request-evicted" for line in fresh_node.logs())
@@ -253,7 +262,7 @@ def test_a_head_that_never_completes_does_not_hold_a_slot_forever(fresh_node, ho
     sock_path = fresh_node.socket_path
     partial = b"GET /v1/models HTTP/1.1\r\nX-Sam-Agent: " + READER.encode()
     held = sum(holders.hold(PER_PEER, partial)[0] for _ in range(5))
-    assert held == MAX_CONNECTIONS, held
+    _assert_cap_held(held, fresh_node)
     wait_for(lambda: try_raw(sock_path, b"GET /v1/models HTTP/1.1\r\nX-Sam-Agent: "
                              + READER.encode() + b"\r\nConnection: close\r\n\r\n")
              .startswith(b"HTTP/1.1 200 "), timeout=90,
