@@ -342,6 +342,10 @@ asio::awaitable<void> H2Session::streamUdp(H2Stream& s, FlowRecord& record) {
 }
 
 asio::awaitable<void> H2Session::streamMesh(H2Stream& s, FlowRecord& record) {
+  if (server_.identity_lapsed_) {
+    co_await refuseStream(s, record, 403, kReasonCredentialExpired, false);
+    co_return;
+  }
   asio::local::stream_protocol::socket node(agent_.get_executor());
   asio::error_code ec;
   const std::string& sidecar = server_.config_.flags.sidecar_socket;
@@ -376,6 +380,25 @@ asio::awaitable<void> H2Session::streamMesh(H2Stream& s, FlowRecord& record) {
     while (co_await agentData(s)) {
       chunk.clear();
       chunk.swap(s.in);
+      if (server_.identity_lapsed_ && !chunk.empty()) {
+        common::log::warn(
+            "mesh request refused: the credential expired",
+            {{"agent", server_.config_.agentId()}, {"reason", kReasonCredentialExpired}});
+        server_.metrics_.refusal(kReasonCredentialExpired);
+        consumed(s, chunk.size());
+        asio::error_code ignored;
+        if (record.bytes_up != 0) {
+          reset(s, NGHTTP2_CANCEL);
+          node.close(ignored);
+          co_return;
+        }
+        if (co_await sendToAgent(s, proto::errorResponse(403, kReasonCredentialExpired))) {
+          node.shutdown(asio::socket_base::shutdown_send, ignored);
+        } else {
+          node.close(ignored);
+        }
+        co_return;
+      }
       out.clear();
       const auto status = rewriter.feed(chunk, &out);
       asio::error_code write_ec;

@@ -2,6 +2,7 @@
 // connect-udp tunnels on a Unix socket and decides each by the name the agent asked for.
 
 #include "common/log.h"
+#include "sam-box/credential_watch.h"
 #include "sam-box/limits.h"
 #include "sam-box/options.h"
 #include "sam-box/server.h"
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <optional>
 
 #include <iostream>
 
@@ -66,21 +68,27 @@ int run(const sambox::Flags& flags) {
     fail(std::string("refusing to start: ") + e.what(), "config");
     return kExitConfig;
   }
+  sambox::IdentityCheck check;
+  sambox::Verdict verdict;
+  std::string verified_token;
   if (config.verifyCredential()) {
-    sambox::IdentityCheck check;
     check.issuer = flags.credential_issuer;
     check.audience = flags.credential_audience;
     check.token_path = flags.credential_path;
     check.ca_file = flags.credential_ca;
     check.expected_subject = config.bundle->external_id;
-    const sambox::Verdict verdict = sambox::runVerifier(sambox::verifierPath(), check);
+    // Read before the helper reads it: if the file changes in between, the first recheck
+    // sees other bytes and verifies those too (credential_watch.h).
+    verified_token = sambox::readTokenFile(check.token_path).value_or(std::string());
+    verdict = sambox::runVerifier(sambox::verifierPath(), check);
     if (!verdict.ok) {
       fail("refusing to start: credential not accepted: " + verdict.detail, verdict.reason);
       return kExitIdentity;
     }
-    common::log::info(
-        "credential verified",
-        {{"issuer", verdict.issuer}, {"subject", verdict.subject}, {"agent", config.agentId()}});
+    common::log::info("credential verified", {{"issuer", verdict.issuer},
+                                              {"subject", verdict.subject},
+                                              {"agent", config.agentId()},
+                                              {"expires_at", verdict.expires_at}});
   } else if (config.bundle) {
     common::log::warn(
         "--insecure-unverified-bundle: the bundle is not checked against a platform credential, "
@@ -106,9 +114,16 @@ int run(const sambox::Flags& flags) {
     fail(std::string("refusing to start: ") + e.what(), "listen");
     return kExitRuntime;
   }
+  std::optional<sambox::CredentialWatch> watch;
+  if (config.verifyCredential()) {
+    watch.emplace(io, check, sambox::verifierPath(), verdict, std::move(verified_token),
+                  [&server](bool lapsed) { server.setIdentityLapsed(lapsed); });
+    watch->start();
+  }
   asio::signal_set signals(io, SIGTERM, SIGINT);
   signals.async_wait([&](const asio::error_code& ec, int signo) {
     if (ec) return;
+    if (watch) watch->stop();
     // Open flows are ended (not dropped): each writes its line, then the loop stops.
     common::log::info("stopping", {{"signal", signo}, {"open_flows", server.openFlows()}});
     server.stop([&io] { io.stop(); });

@@ -33,7 +33,7 @@ Metrics::Metrics() {
         kReasonMeshUdp, kReasonMeshPort, kReasonMalformed, kReasonForbiddenAddress,
         kReasonResolveFailed, kReasonConnectFailed, kReasonConnectTimeout, kReasonNodeUnavailable,
         kReasonHeaderTooLarge, kReasonHeaderTimeout, kReasonMethodNotAllowed, kReasonTooManyFlows,
-        kReasonStreamReset, kReasonBoundaryStopped}) {
+        kReasonStreamReset, kReasonBoundaryStopped, kReasonCredentialExpired}) {
     series(refusals_, "reason", reason) = 0;
   }
   for (const char* limit :

@@ -317,6 +317,10 @@ asio::awaitable<void> Server::externalUdp(UnixSocket& agent, Flow& flow) {
 }
 
 asio::awaitable<void> Server::meshEntrypoint(UnixSocket& agent, Flow& flow) {
+  if (identity_lapsed_) {
+    co_await refuse(agent, flow, 403, kReasonCredentialExpired, false);
+    co_return;
+  }
   UnixSocket node(io_);
   const ScopedCloser closer(flow.close_upstream, node);
   asio::error_code ec;
@@ -352,6 +356,21 @@ asio::awaitable<void> Server::meshEntrypoint(UnixSocket& agent, Flow& flow) {
     std::string_view pending = flow.early_data;
     std::array<char, kReadBufferBytes> buf{};
     for (;;) {
+      if (identity_lapsed_ && !pending.empty()) {
+        common::log::warn("mesh request refused: the credential expired",
+                          {{"agent", config_.agentId()}, {"reason", kReasonCredentialExpired}});
+        metrics_.refusal(kReasonCredentialExpired);
+        if (flow.record.bytes_up != 0) {
+          // Answers to earlier requests may still be on their way back: the tunnel just ends.
+          throw asio::system_error(asio::error::connection_aborted, "credential expired");
+        }
+        co_await asio::async_write(
+            agent, asio::buffer(proto::errorResponse(403, kReasonCredentialExpired)),
+            use_awaitable);
+        asio::error_code ignored;
+        node.shutdown(asio::socket_base::shutdown_send, ignored);
+        co_return;
+      }
       out.clear();
       const auto status = rewriter.feed(pending, &out);
       if (!out.empty()) {

@@ -53,6 +53,11 @@ class Server {
   /// Connections being served (tunnels, HTTP/2 connections, ingress), set-up included.
   [[nodiscard]] size_t openFlows() const { return open_flows_.size(); }
   [[nodiscard]] Metrics& metrics() { return metrics_; }
+  /// Whether the agent's identity has lapsed (credential_watch.h): while it has, a new mesh
+  /// tunnel or stream is refused 403 credential-expired, and an open one ends at the agent's
+  /// next bytes instead of passing them to the node.
+  void setIdentityLapsed(bool lapsed) { identity_lapsed_ = lapsed; }
+  [[nodiscard]] bool identityLapsed() const { return identity_lapsed_; }
 
  private:
   using UnixSocket = asio::local::stream_protocol::socket;
@@ -130,6 +135,7 @@ class Server {
   LocalAddresses local_addresses_;
   PipePool pipes_{kRelayPipeBytes, kRelayIdlePipes};
   size_t active_flows_ = 0;
+  bool identity_lapsed_ = false;
   /// Every connection being served, so that stop() can end each one.
   OpenFlows open_flows_;
   asio::steady_timer stop_grace_;

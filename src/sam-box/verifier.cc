@@ -67,7 +67,10 @@ int reap(pid_t pid, Clock::time_point deadline) {
 std::string verdictLine(const Verdict& v) {
   nlohmann::json j;
   if (v.ok) {
-    j = {{"verdict", "ok"}, {"issuer", v.issuer}, {"subject", v.subject}};
+    j = {{"verdict", "ok"},
+         {"issuer", v.issuer},
+         {"subject", v.subject},
+         {"expires_at", v.expires_at}};
   } else {
     j = {{"verdict", "refused"}, {"reason", v.reason}, {"detail", v.detail}};
   }
@@ -91,11 +94,14 @@ Verdict parseVerdict(std::string_view text) {
     return it != j.end() && it->is_string() ? it->get_ptr<const std::string*>() : nullptr;
   };
   const std::string* verdict = str("verdict");
-  if (verdict != nullptr && *verdict == "ok" && str("issuer") && str("subject") && j.size() == 3) {
+  const auto exp = j.find("expires_at");
+  if (verdict != nullptr && *verdict == "ok" && str("issuer") && str("subject") && exp != j.end() &&
+      exp->is_number_integer() && exp->get<int64_t>() > 0 && j.size() == 4) {
     Verdict v;
     v.ok = true;
     v.issuer = *str("issuer");
     v.subject = *str("subject");
+    v.expires_at = exp->get<int64_t>();
     return v;
   }
   if (verdict != nullptr && *verdict == "refused" && str("reason") && isKebab(*str("reason")) &&

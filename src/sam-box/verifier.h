@@ -7,6 +7,7 @@
 // an "ok" verdict together with exit status 0 refuses the start (fail closed).
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -39,10 +40,11 @@ struct IdentityCheck {
 /// The helper's answer.
 struct Verdict {
   bool ok = false;
-  std::string reason;   ///< refusal: stable kebab-case reason ("bad-audience", ...)
-  std::string detail;   ///< refusal: a sentence for the operator
-  std::string issuer;   ///< ok: the verified "iss"
-  std::string subject;  ///< ok: the verified "sub"
+  std::string reason;      ///< refusal: stable kebab-case reason ("bad-audience", ...)
+  std::string detail;      ///< refusal: a sentence for the operator
+  std::string issuer;      ///< ok: the verified "iss"
+  std::string subject;     ///< ok: the verified "sub"
+  int64_t expires_at = 0;  ///< ok: the verified "exp", seconds since the Unix epoch (> 0)
 };
 
 /// One JSON line (with the trailing newline) carrying `v`.

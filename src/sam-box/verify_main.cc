@@ -14,6 +14,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <exception>
@@ -73,6 +74,9 @@ int main(int argc, char** argv) {
     v.ok = true;
     v.issuer = claims.issuer;
     v.subject = claims.subject;
+    v.expires_at =
+        std::chrono::duration_cast<std::chrono::seconds>(claims.expires_at.time_since_epoch())
+            .count();
   } catch (const policy::CredentialError& e) {
     v.reason = e.reason();
     v.detail = e.what();

@@ -238,3 +238,121 @@ def test_the_verifier_dies_with_a_killed_sam_box(issuer, tmp_path):
         finally:
             box.kill()
             box.wait()
+
+
+# The identity after start (src/sam-box/credential_watch.h): the token file is re-read every
+# 2 s (kCredentialRecheck); a changed token is verified again; past the "exp" of the last
+# accepted one, mesh requests are refused with credential-expired.
+RECHECK_S = 2
+
+
+def _mesh_request(path):
+    return (f"GET {path} HTTP/1.1\r\nHost: mesh.sam.alt\r\n"
+            "X-Sam-Agent: evil.prod.acme.example\r\n\r\n").encode()
+
+
+def _mesh_get(box, path):
+    """One request on a new mesh tunnel: (CONNECT response, response to the request or None)."""
+    resp, c = box.tunnel("mesh.sam.alt:80")
+    try:
+        if resp.status != 200:
+            return resp, None
+        c.send(_mesh_request(path))
+        return resp, c.read_http_response()
+    finally:
+        c.close()
+
+
+def _short_lived_box(sam_box, issuer, sidecar, tmp_path, ttl):
+    token = write_token(tmp_path, issuer.mint(sub=EXTERNAL_ID, exp=_now() + ttl))
+    box = sam_box(bundle=std_bundle(),
+                  args=cred_args(issuer, token) + ["--sidecar-socket", sidecar.path])
+    return box, token
+
+
+def _wait_past(exp):
+    time.sleep(max(0.0, exp - time.time()) + 1.2)
+
+
+def test_an_expired_credential_stops_mesh_requests_until_a_renewed_one_verifies(
+        sam_box, issuer, sidecar, tmp_path):
+    """A projected token is short-lived and rotated in place: the identity it proved must not
+    be asserted past its exp, and a rotated token must bring it back without a restart."""
+    exp = _now() + 6
+    box, token = _short_lived_box(sam_box, issuer, sidecar, tmp_path, 6)
+    resp, (answer, _) = _mesh_get(box, "/before")
+    assert answer.status == 200, answer
+    records = len(sidecar.records)
+    kept_resp, kept = box.tunnel("mesh.sam.alt:80")  # a keep-alive tunnel opened in time
+    assert kept_resp.status == 200, kept_resp
+    kept.send(_mesh_request("/kept-before"))
+    assert kept.read_http_response()[0].status == 200
+    _wait_past(exp)
+
+    resp, _ = _mesh_get(box, "/after-expiry")
+    assert resp.status == 403 and resp.reason == "credential-expired", resp
+    kept.send(_mesh_request("/kept-after-expiry"))
+    assert kept.is_closed(), "an open mesh tunnel passed a request after the credential expired"
+    kept.close()
+    assert [r["path"] for r in sidecar.records[records:]] == ["/kept-before"]
+    assert any(str(e.get("msg", "")).startswith("credential expired") for e in box.logs())
+    assert box.metrics().get("sam_box_refusals_total", reason="credential-expired") >= 2
+    # External egress asserts no identity and is not affected.
+    resp, c = box.tunnel("api.example.com:80")
+    c.close()
+    assert resp.status == 200, resp
+
+    token.write_text(issuer.mint(sub=EXTERNAL_ID))  # the platform rotates the token
+    boxlib.wait_for(lambda: _mesh_get(box, "/renewed")[0].status == 200,
+                    timeout=RECHECK_S + 10, interval=0.5, what="the renewed credential")
+    assert sidecar.records[-1]["path"] == "/renewed"
+    sent = [v for k, v in sidecar.records[-1]["headers"] if k.lower() == "x-sam-agent"]
+    assert sent == [boxlib.AGENT_ID], sidecar.records[-1]
+
+
+def test_a_rotated_token_that_does_not_verify_extends_nothing(sam_box, issuer, sidecar,
+                                                              tmp_path):
+    """A token for another subject put in place of the file: refused and logged, the identity
+    keeps the accepted token's exp and then lapses; a later good token restores it."""
+    exp = _now() + 6
+    box, token = _short_lived_box(sam_box, issuer, sidecar, tmp_path, 6)
+    token.write_text(issuer.mint(sub="system:serviceaccount:agents:intruder"))
+    boxlib.wait_for(lambda: any("not accepted" in str(e) for e in box.logs()),
+                    timeout=RECHECK_S + 10, what="the rotated token's refusal in the log")
+    refusal = next(e for e in box.logs() if "not accepted" in str(e))
+    assert re.search(r"sub|subject", str(refusal.get("reason", ""))), refusal
+    if time.time() < exp - 0.5:
+        assert _mesh_get(box, "/still-valid")[1][0].status == 200
+    _wait_past(exp)
+    assert _mesh_get(box, "/lapsed")[0].reason == "credential-expired"
+    token.write_text(issuer.mint(sub=EXTERNAL_ID))
+    boxlib.wait_for(lambda: _mesh_get(box, "/back")[0].status == 200,
+                    timeout=RECHECK_S + 10, interval=0.5, what="the good token to be accepted")
+
+
+def test_an_expired_credential_stops_mesh_streams_over_http2(sam_box, issuer, sidecar,
+                                                             tmp_path):
+    """The same over HTTP/2 (the microvm tier's transport): a new mesh stream is refused 403
+    credential-expired, and an open one is reset at its next bytes, which never reach the
+    node."""
+    from test_h2_tunnels import H2Client
+    exp = _now() + 6
+    box, _ = _short_lived_box(sam_box, issuer, sidecar, tmp_path, 6)
+    c = H2Client(box)
+    try:
+        sid = c.connect("mesh.sam.alt:80")
+        assert c.response(sid)[":status"] == "200"
+        c.send(sid, _mesh_request("/h2-before"))
+        c.wait(lambda: b"\r\n\r\n" in bytes(c.data[sid]), "the first answer")
+        records = len(sidecar.records)
+        _wait_past(exp)
+        late = c.connect("mesh.sam.alt:80")
+        head = c.response(late)
+        assert head[":status"] == "403" and head.get("boundary-reason") == "credential-expired", \
+            head
+        c.send(sid, _mesh_request("/h2-after-expiry"))
+        c.wait(lambda: sid in c.reset or sid in c.ended, "the open stream to end")
+        assert sid in c.reset, "the open mesh stream should be reset, not answered"
+        assert len(sidecar.records) == records, sidecar.records[records:]
+    finally:
+        c.close()

@@ -17,10 +17,12 @@ TEST(VerdictTest, RoundTripsOk) {
   v.ok = true;
   v.issuer = "https://issuer.example";
   v.subject = "system:serviceaccount:agents:a";
+  v.expires_at = 1'900'000'000;
   const Verdict back = parseVerdict(verdictLine(v));
   EXPECT_TRUE(back.ok);
   EXPECT_EQ(back.issuer, v.issuer);
   EXPECT_EQ(back.subject, v.subject);
+  EXPECT_EQ(back.expires_at, v.expires_at);
 }
 
 TEST(VerdictTest, RoundTripsRefusal) {
@@ -43,6 +45,12 @@ TEST(VerdictTest, AnythingElseIsARefusal) {
            "{\"verdict\":\"ok\",\"issuer\":\"i\"}\n",
            "{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":1}\n",
            "{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\",\"extra\":1}\n",
+           "{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\"}\n",  // no expires_at
+           "{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\",\"expires_at\":0}\n",
+           "{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\",\"expires_at\":-5}\n",
+           "{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\",\"expires_at\":1.5}\n",
+           "{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\",\"expires_at\":\"9\"}\n",
+           "{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\",\"expires_at\":9,\"x\":1}\n",
            "{\"verdict\":\"OK\",\"issuer\":\"i\",\"subject\":\"s\"}\n",
            "{\"verdict\":true,\"issuer\":\"i\",\"subject\":\"s\"}\n",
            "[\"ok\"]\n",
@@ -97,8 +105,8 @@ class RunVerifierTest : public ::testing::Test {
 
 TEST_F(RunVerifierTest, OkVerdictAndStatusZeroVerifies) {
   const Verdict v = runVerifier(
-      helper(
-          "echo '{\"verdict\":\"ok\",\"issuer\":\"https://issuer.test\",\"subject\":\"sub-1\"}'"),
+      helper("echo '{\"verdict\":\"ok\",\"issuer\":\"https://issuer.test\",\"subject\":\"sub-1\","
+             "\"expires_at\":1900000000}'"),
       check_);
   EXPECT_TRUE(v.ok) << v.reason << ": " << v.detail;
   EXPECT_EQ(v.subject, "sub-1");
@@ -130,7 +138,9 @@ TEST_F(RunVerifierTest, OkVerdictWithAFailureStatusIsRefused) {
   for (const char* status : {"1", "3"}) {
     const Verdict v = runVerifier(
         helper(
-            std::string("echo '{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\"}'; exit ") +
+            std::string(
+                "echo '{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\",\"expires_at\":9}'; "
+                "exit ") +
             status),
         check_);
     EXPECT_FALSE(v.ok) << status;
@@ -152,7 +162,8 @@ TEST_F(RunVerifierTest, NoVerdictIsRefused) {
 
 TEST_F(RunVerifierTest, CrashIsRefused) {
   const Verdict v = runVerifier(
-      helper("echo '{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\"}'; kill -SEGV $$"),
+      helper("echo '{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\",\"expires_at\":9}'; "
+             "kill -SEGV $$"),
       check_);
   EXPECT_FALSE(v.ok);
   EXPECT_EQ(v.reason, kReasonVerifierFailed);
@@ -173,10 +184,10 @@ TEST_F(RunVerifierTest, SlowHelperIsKilledAtTheDeadline) {
 }
 
 TEST_F(RunVerifierTest, HelperThatClosesStdoutButLingersIsKilled) {
-  const Verdict v =
-      runVerifier(helper("echo '{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\"}'; "
-                         "exec >&-; exec sleep 30"),
-                  check_, milliseconds(300));
+  const Verdict v = runVerifier(
+      helper("echo '{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\",\"expires_at\":9}'; "
+             "exec >&-; exec sleep 30"),
+      check_, milliseconds(300));
   EXPECT_FALSE(v.ok);
   EXPECT_EQ(v.reason, kReasonVerifierTimeout);
 }
