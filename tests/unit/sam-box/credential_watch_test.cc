@@ -1,0 +1,143 @@
+#include "sam-box/credential_watch.h"
+
+#include "sam-box/limits.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+namespace sambox {
+namespace {
+
+using namespace std::chrono_literals;
+
+int64_t nowUnix() { return static_cast<int64_t>(std::time(nullptr)); }
+
+class CredentialWatchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("sambox-watch-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+    // A stand-in for sam-box-verify: the token file holds "ok EXP" or "refuse REASON", and the
+    // helper answers accordingly (its arguments are those of verifier.h; $6 is the token path).
+    helper_ = (dir_ / "helper.sh").string();
+    std::ofstream(helper_) << "#!/bin/sh\n"
+                              "read verdict value < \"$6\"\n"
+                              "if [ \"$verdict\" = ok ]; then\n"
+                              "  echo '{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\","
+                              "\"expires_at\":'\"$value\"'}'\n"
+                              "else\n"
+                              "  echo '{\"verdict\":\"refused\",\"reason\":\"'\"$value\"'\","
+                              "\"detail\":\"d\"}'; exit 3\n"
+                              "fi\n";
+    ::chmod(helper_.c_str(), 0755);
+    check_.token_path = (dir_ / "token").string();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  void writeToken(const std::string& text) { std::ofstream(check_.token_path) << text << "\n"; }
+
+  /// Runs the loop until `done` or 15 s; returns whether `done` came true.
+  template <typename Pred>
+  bool runUntil(Pred done) {
+    const auto deadline = std::chrono::steady_clock::now() + 15s;
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      io_.restart();
+      io_.run_for(50ms);
+    }
+    return done();
+  }
+
+  std::unique_ptr<CredentialWatch> watch(int64_t first_exp) {
+    Verdict first;
+    first.ok = true;
+    first.expires_at = first_exp;
+    auto w = std::make_unique<CredentialWatch>(io_, check_, helper_, first,
+                                               readTokenFile(check_.token_path).value_or(""),
+                                               [this](bool lapsed) { events_.push_back(lapsed); });
+    w->start();
+    return w;
+  }
+
+  asio::io_context io_;
+  std::filesystem::path dir_;
+  std::string helper_;
+  IdentityCheck check_;
+  std::vector<bool> events_;
+};
+
+TEST_F(CredentialWatchTest, LapsesAtExpAndARenewedTokenRestoresIt) {
+  const int64_t exp = nowUnix() + 1;
+  writeToken("ok " + std::to_string(exp));
+  auto w = watch(exp);
+  ASSERT_TRUE(runUntil([&] { return w->lapsed(); }));
+  EXPECT_GE(nowUnix(), exp);
+  EXPECT_EQ(events_, std::vector<bool>{true});
+
+  const int64_t later = nowUnix() + 600;
+  writeToken("ok " + std::to_string(later));
+  ASSERT_TRUE(runUntil([&] { return !w->lapsed(); }));
+  EXPECT_EQ(w->expiresAt(), later);
+  EXPECT_EQ(events_, (std::vector<bool>{true, false}));
+}
+
+TEST_F(CredentialWatchTest, ARefusedTokenExtendsNothing) {
+  const int64_t exp = nowUnix() + 3;
+  writeToken("ok " + std::to_string(exp));
+  auto w = watch(exp);
+  writeToken("refuse bad-subject");
+  ASSERT_TRUE(runUntil([&] { return w->lapsed(); }));
+  EXPECT_EQ(w->expiresAt(), exp);
+  EXPECT_EQ(events_, std::vector<bool>{true});
+}
+
+TEST_F(CredentialWatchTest, AnUnchangedFileIsNotVerifiedAgain) {
+  // A helper that would fail the test if it ran: the file never changes, so it must not.
+  std::ofstream(helper_) << "#!/bin/sh\ntouch '" << (dir_ / "ran").string() << "'\nexit 1\n";
+  const int64_t exp = nowUnix() + 600;
+  writeToken("ok " + std::to_string(exp));
+  auto w = watch(exp);
+  const auto until = std::chrono::steady_clock::now() + kCredentialRecheck * 2 + 500ms;
+  runUntil([&] { return std::chrono::steady_clock::now() >= until; });
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "ran"));
+  EXPECT_FALSE(w->lapsed());
+}
+
+TEST_F(CredentialWatchTest, StopCancelsBothTimers) {
+  const int64_t exp = nowUnix() + 1;
+  writeToken("ok " + std::to_string(exp));
+  auto w = watch(exp);
+  w->stop();
+  io_.restart();
+  io_.run_for(3s);  // returns early once nothing is left to wait for
+  EXPECT_FALSE(w->lapsed());
+  EXPECT_TRUE(events_.empty());
+}
+
+TEST(ReadTokenFileTest, OnlyARegularFileAndAtMostTheLimitPlusOne) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("sambox-token-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_FALSE(readTokenFile(fifo.string()).has_value());  // returns at once, no writer needed
+  EXPECT_FALSE(readTokenFile("/dev/zero").has_value());
+  EXPECT_FALSE(readTokenFile((dir / "missing").string()).has_value());
+  const auto big = dir / "big";
+  std::ofstream(big) << std::string(kMaxTokenFileBytes * 2, 'a');
+  EXPECT_EQ(readTokenFile(big.string())->size(), kMaxTokenFileBytes + 1);
+  std::ofstream(dir / "tok") << "eyJ.x.y\n";
+  EXPECT_EQ(readTokenFile((dir / "tok").string()), "eyJ.x.y\n");
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace sambox
