@@ -130,12 +130,13 @@ int onBody(llhttp_t* p, const char* at, size_t len) {
     return -1;
   }
   if (s.bodies_held != nullptr) {
-    if (s.bodies_held->fetch_add(len) + len > s.bodies_limit) {
-      s.bodies_held->fetch_sub(len);
+    const size_t cost = len * kBodyMemoryFactor;
+    if (s.bodies_held->fetch_add(cost) + cost > s.bodies_limit) {
+      s.bodies_held->fetch_sub(cost);
       s.over_budget = true;
       return -1;
     }
-    s.held += len;
+    s.held += cost;
   }
   s.req.body.append(at, len);
   return 0;
@@ -394,8 +395,10 @@ void HttpServer::Impl::serveConnection(common::UniqueFd fd) {
       } else if (state.over_budget) {
         refused("request refused", "node-busy", {{"limit", limits.bodies_held}});
         sendError(fd.get(), 503, "node-busy",
-                  "the node holds " + std::to_string(limits.bodies_held >> 20) +
-                      " MiB of request bodies already; retry later");
+                  "the node's request bodies already take the " +
+                      std::to_string(limits.bodies_held >> 20) + " MiB they may (each counted at " +
+                      std::to_string(kBodyMemoryFactor) +
+                      "x its size, parsed copies included); retry later");
       } else if (state.body_too_large) {
         refused("request refused", "body-too-large");
         sendError(fd.get(), 413, "body-too-large",

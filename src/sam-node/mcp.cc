@@ -529,7 +529,7 @@ struct McpAggregator::Impl {
       badMessage(req, out, nullptr, mcp::kInvalidRequest, "the body is " + parsed.why);
       return;
     }
-    mcp::Message msg = mcp::classify(parsed.value);
+    mcp::Message msg = mcp::classify(std::move(parsed.value));
     if (msg.kind == mcp::MessageKind::kInvalid) {
       badMessage(req, out, msg.id, mcp::kInvalidRequest, msg.why);
       return;

@@ -46,7 +46,7 @@ Message invalid(std::string why, json id = nullptr) {
 
 }  // namespace
 
-Message classify(const json& value) {
+Message classify(json value) {
   if (value.is_array()) {
     return invalid(
         "batch requests (JSON arrays) are not supported: MCP 2025-06-18 removed "
@@ -79,7 +79,7 @@ Message classify(const json& value) {
       if (!params->is_object() && !params->is_array()) {
         return invalid("\"params\" must be an object or an array", id);
       }
-      m.params = *params;
+      m.params = std::move(*params);  // a large argument is not held twice
     }
     return m;
   }

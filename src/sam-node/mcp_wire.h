@@ -58,8 +58,9 @@ struct Message {
 /// Classifies a parsed JSON value. kInvalid (with `why`) for: not an object, "jsonrpc" not
 /// "2.0", an id that is not a string or an integer, a method that is not a string, params
 /// that are neither object nor array, a response without exactly one of result/error.
-/// Arrays (JSON-RPC batches) are kInvalid: MCP 2025-06-18 removed batching.
-Message classify(const nlohmann::json& value);
+/// Arrays (JSON-RPC batches) are kInvalid: MCP 2025-06-18 removed batching. Takes `value` by
+/// value so that a caller done with it can move it in: params are moved out, not copied.
+Message classify(nlohmann::json value);
 
 /// True if `message` is a JSON-RPC response (result or error) whose id equals `id`.
 bool isResponseTo(const nlohmann::json& message, const nlohmann::json& id);

@@ -327,7 +327,7 @@ TEST(HttpServerTest, AFullServerRefusesWhenNoConnectionMayBeClosed) {
 }
 
 TEST(HttpServerTest, BodiesPastTheBudgetAre503AndTheBudgetComesBack) {
-  Served s(echo(), {.bodies_held = size_t{1} << 20});
+  Served s(echo(), {.bodies_held = size_t{6} << 20});  // 1 MiB of bodies: kBodyMemoryFactor 6
   auto big = s.connect();
   sendAll(big.get(), "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2097152\r\n\r\n" +
                          std::string(size_t{2} << 20, 'a'));
@@ -342,6 +342,11 @@ TEST(HttpServerTest, BodiesPastTheBudgetAre503AndTheBudgetComesBack) {
                 std::string(786432, 'a'));
     EXPECT_THAT(readToEof(fd.get()), StartsWith("HTTP/1.1 200 OK"));
   }
+  // Its raw bytes fit the 6 MiB, its parsed copies would not.
+  auto fd = s.connect();
+  sendAll(fd.get(), "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1572864\r\n\r\n" +
+                        std::string(size_t{1572864}, 'a'));
+  EXPECT_THAT(readToEof(fd.get()), StartsWith("HTTP/1.1 503 "));
 }
 
 TEST(HttpServerTest, AClientThatNeverReadsItsAnswersIsClosed) {
