@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -105,12 +106,10 @@ void CredentialWatch::recheck() {
 }
 
 void CredentialWatch::verifyInBackground(std::string token) {
-  verifying_ = true;
   // runVerifier() blocks for up to kVerifierTimeout (two HTTPS fetches): a thread of its own,
   // detached so that a stopping sam-box never waits for the issuer. It posts its verdict
   // while the watch is alive; the handler checks again on the loop's thread.
-  std::thread([this, shared = shared_, check = check_, helper = helper_,
-               token = std::move(token)]() mutable {
+  auto work = [this, shared = shared_, check = check_, helper = helper_, token]() mutable {
     Verdict v = runVerifier(helper, check);
     const std::lock_guard lock(shared->mu);
     if (!shared->alive) return;
@@ -121,7 +120,19 @@ void CredentialWatch::verifyInBackground(std::string token) {
       }
       onVerdict(v, std::move(token));
     });
-  }).detach();
+  };
+  try {
+    std::thread(std::move(work)).detach();
+  } catch (const std::system_error& e) {
+    // No thread to be had (a pids limit shared with the agent, say): this token is tried
+    // again after kCredentialRetry, as a refused one would be, and sam-box serves on.
+    Verdict v;
+    v.reason = kReasonVerifierUnavailable;
+    v.detail = std::string("cannot start a thread for the verifier: ") + e.what();
+    onVerdict(v, std::move(token));
+    return;
+  }
+  verifying_ = true;
 }
 
 void CredentialWatch::onVerdict(const Verdict& v, std::string token) {
@@ -141,7 +152,9 @@ void CredentialWatch::onVerdict(const Verdict& v, std::string token) {
   }
   verified_token_ = std::move(token);
   refused_token_.clear();
-  if (v.expires_at > expires_at_) {
+  if (v.expires_at != expires_at_) {
+    // The token now in the file decides, earlier "exp" or later: a long-lived token replaced by
+    // a short one (a leak answered) must not keep the identity alive.
     expires_at_ = v.expires_at;
     armExpiry();
   }
@@ -158,6 +171,9 @@ void CredentialWatch::armExpiry() {
   expiry_.expires_at(at);
   expiry_.async_wait([this, at](const asio::error_code& ec) {
     if (ec || stopped_) return;
+    // A handler already queued when a renewal re-armed the timer is not cancelled by it: it
+    // runs without an error, for an "exp" that no longer holds.
+    if (at != SystemClock::time_point(std::chrono::seconds(expires_at_))) return;
     if (SystemClock::now() < at) {  // the clock was stepped back: wait on
       armExpiry();
       return;

@@ -150,6 +150,9 @@ Verdict runVerifier(const std::string& helper, const IdentityCheck& check,
   ::posix_spawnattr_init(&attr);
   ::posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   ::posix_spawn_file_actions_adddup2(&actions, out_w.get(), STDOUT_FILENO);
+  // Nothing else of sam-box's: asio's sockets (the agent's tunnels, the node's) are not
+  // close-on-exec, and the helper parses what the network sends it.
+  ::posix_spawn_file_actions_addclosefrom_np(&actions, STDERR_FILENO + 1);
   // sam-box ignores SIGPIPE; the helper starts with every signal at its default.
   sigset_t all;
   sigfillset(&all);

@@ -10,6 +10,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <vector>
 
 namespace sambox {
@@ -87,6 +88,37 @@ TEST_F(CredentialWatchTest, LapsesAtExpAndARenewedTokenRestoresIt) {
   ASSERT_TRUE(runUntil([&] { return !w->lapsed(); }));
   EXPECT_EQ(w->expiresAt(), later);
   EXPECT_EQ(events_, (std::vector<bool>{true, false}));
+}
+
+TEST_F(CredentialWatchTest, ARenewalWithAnEarlierExpShortensTheIdentity) {
+  // A long-lived token replaced by a short one (a leak answered): the token now in the file
+  // decides.
+  const int64_t exp = nowUnix() + 600;
+  writeToken("ok " + std::to_string(exp));
+  auto w = watch(exp);
+  const int64_t sooner = nowUnix() + 1;
+  writeToken("ok " + std::to_string(sooner));
+  ASSERT_TRUE(runUntil([&] { return w->lapsed(); }));
+  EXPECT_EQ(w->expiresAt(), sooner);
+}
+
+TEST_F(CredentialWatchTest, ARenewalQueuedBesideTheOldExpiryKeepsTheIdentity) {
+  // The renewed verdict and the old expiry both become ready while the loop is busy: the
+  // expiry handler, already queued, must not lapse an identity the renewal extended.
+  const int64_t exp = nowUnix() + 4;
+  writeToken("ok " + std::to_string(exp));
+  auto w = watch(exp);
+  const int64_t later = nowUnix() + 600;
+  writeToken("ok " + std::to_string(later));
+  const auto t0 = std::chrono::steady_clock::now();
+  runUntil([&] { return std::chrono::steady_clock::now() >= t0 + kCredentialRecheck + 100ms; });
+  // The verifier runs now; the loop sleeps past the old exp.
+  std::this_thread::sleep_until(std::chrono::system_clock::time_point(std::chrono::seconds(exp)) +
+                                500ms);
+  const auto t1 = std::chrono::steady_clock::now();
+  runUntil([&] { return std::chrono::steady_clock::now() >= t1 + 1s; });
+  EXPECT_EQ(w->expiresAt(), later);
+  EXPECT_FALSE(w->lapsed());
 }
 
 TEST_F(CredentialWatchTest, ARefusedTokenExtendsNothing) {

@@ -1,5 +1,6 @@
 #include "sam-box/verifier.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -122,6 +123,21 @@ TEST_F(RunVerifierTest, PassesTheCheckAsArguments) {
   EXPECT_EQ(v.detail,
             "--issuer https://issuer.test --audience aud --token-path /tok --ca-file  "
             "--subject sub-1");
+}
+
+TEST_F(RunVerifierTest, TheHelperInheritsNoDescriptorOfSamBox) {
+  // sam-box's sockets are not close-on-exec; the helper, which parses what the network sends,
+  // must hold none of them.
+  const int extra = ::fcntl(STDERR_FILENO, F_DUPFD, 200);  // no FD_CLOEXEC, as asio's sockets
+  ASSERT_GE(extra, 200);
+  const Verdict v = runVerifier(
+      helper("printf '{\"verdict\":\"refused\",\"reason\":\"fds\",\"detail\":\"%s\"}\\n' "
+             "\"$(ls /proc/$$/fd | tr '\\n' ' ')\"; exit 3"),
+      check_);
+  ::close(extra);
+  ASSERT_EQ(v.reason, "fds");
+  EXPECT_EQ((" " + v.detail).find(" " + std::to_string(extra) + " "), std::string::npos)
+      << v.detail;
 }
 
 TEST_F(RunVerifierTest, RefusalCarriesTheHelpersReason) {
