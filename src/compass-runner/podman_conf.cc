@@ -46,8 +46,12 @@ void writeContainersConf(const std::string& path) {
   }
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) throw RunnerError("containers.conf: mkdir " + dir.string() + ": " + ec.message());
+  // The state root itself 0700, as createStateDir() would make it (state.h).
+  std::filesystem::create_directories(dir.parent_path(), ec);
+  if (ec || (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)) {
+    throw RunnerError("containers.conf: mkdir " + dir.string() + ": " +
+                      (ec ? ec.message() : std::strerror(errno)));
+  }
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   common::UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!fd.valid()) {

@@ -1,6 +1,7 @@
 // gc for the podman tier (podman_reap.h).
 #include "compass-runner/podman_reap.h"
 
+#include <cstdio>
 #include <set>
 
 #include "compass-runner/backend.h"
@@ -12,6 +13,7 @@
 #include "compass-runner/podman_userns.h"
 #include "compass-runner/sam_box_process.h"
 #include "compass-runner/state.h"
+#include "compass-runner/state_roots.h"
 
 namespace runner::podman {
 
@@ -31,11 +33,27 @@ void reapAgent(const std::string& conf, const std::string& id, std::string conta
 void reapOrphanAgents(const std::string& conf, const std::vector<std::string>& live_ids) {
   const std::set<std::string> live(live_ids.begin(), live_ids.end());
   const std::string root = stateRoot("podman");
+  // Every root in use (COMPASS_STATE_DIR may differ between runners): an agent whose record
+  // is under another root is that root's, live or not (state_roots.h).
+  const std::vector<std::string> roots = knownStateRoots(root);
+  std::set<std::string> elsewhere;  // ids with a record under another root, said once
   // Asked after each listing, not only from `live_ids` (read before it): a runner that
   // started since wrote its agent.json before it made anything listed here. A record whose
   // runner is dead was reaped by gc through the record already.
   auto orphan = [&](const std::string& id) {
-    return !id.empty() && live.count(id) == 0 && !readRecord(root + "/" + id);
+    if (id.empty() || live.count(id) != 0 || readRecord(root + "/" + id)) return false;
+    for (const auto& other : roots) {
+      if (other == root) continue;
+      if (auto rec = readRecord(other + "/" + id)) {
+        if (!runnerAlive(*rec) && elsewhere.insert(id).second) {
+          note("gc: agent " + id + " belongs to state root " + other +
+               " and its runner is gone; run `COMPASS_STATE_DIR=" + other +
+               " compass-runner gc` to remove it");
+        }
+        return false;
+      }
+    }
+    return true;
   };
   std::set<std::string> dead;
   auto consider = [&](const std::string& id) {
@@ -50,8 +68,11 @@ void reapOrphanAgents(const std::string& conf, const std::vector<std::string>& l
     const std::string rest = sock.substr(root.size() + 1);
     if (orphan(rest.substr(0, rest.find('/')))) killSamBox(pid);
   }
-  for (const auto& id : dead)
+  for (const auto& id : dead) {
     reapAgent(conf, id, "", "", -1, std::string(root).append("/").append(id));
+    std::printf("removed leftovers of agent %s (tier podman; no record under any state root)\n",
+                id.c_str());
+  }
 }
 
 }  // namespace runner::podman

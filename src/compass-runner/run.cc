@@ -13,6 +13,7 @@
 
 #include "compass-runner/host_backend.h"
 #include "compass-runner/state.h"
+#include "compass-runner/state_roots.h"
 
 namespace runner {
 namespace {
@@ -124,6 +125,9 @@ int runAgent(const RunOptions& opts) {
   try {
     spec.id = newAgentId();
     spec.state_dir = createStateDir(stateRoot(tier), spec.id);
+    // Before anything host-wide is made: another root's gc must know this agent is not its
+    // orphan (state_roots.h).
+    if (tier != "host") registerStateRoot(stateRoot(tier));
   } catch (const std::exception& e) {
     say(std::string("cannot start agent: ") + e.what());
     return kExitCannotStart;

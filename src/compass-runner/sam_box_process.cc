@@ -193,7 +193,7 @@ void SamBoxProcess::waitReady(std::chrono::milliseconds timeout) {
     if (Clock::now() > deadline) {
       stop();
       throw RunnerError("sam-box did not create " + socket_ + " within " +
-                        std::to_string(limit.count()) + " ms; the end of " + log_ + ":\n" +
+                        std::to_string(limit.count()) + " ms; the last lines of its log:\n" +
                         tailOfFile(log_));
     }
     pollfd fd{exited.get(), POLLIN, 0};
@@ -218,7 +218,8 @@ void SamBoxProcess::throwIfExited(const char* when) {
                           : WIFEXITED(status)
                               ? "exited with status " + std::to_string(WEXITSTATUS(status))
                               : "was killed by signal " + std::to_string(WTERMSIG(status));
-  throw RunnerError("sam-box " + how + " " + when + "; the end of " + log_ + ":\n" +
+  // The log goes with the state dir when the start fails: its lines, not its path.
+  throw RunnerError("sam-box " + how + " " + when + "; the last lines of its log:\n" +
                     tailOfFile(log_));
 }
 

@@ -100,8 +100,8 @@ common::UniqueFd awaitGate(int fd, common::UniqueFd* lifeline) {
   }
   if (line.empty()) {
     throw StepError(what +
-                    ": closed before egress was armed (the launcher stopped the start, failed "
-                    "to arm it, or exited); the agent was not started");
+                    ": closed before egress was armed (the launcher stopped the start and "
+                    "gives its reason, or it exited); the agent was not started");
   }
   if (line != kGateOpen) {
     throw StepError(what + ": expected \"armed\", got " + std::to_string(line.size()) +

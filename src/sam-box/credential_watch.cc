@@ -88,10 +88,11 @@ void CredentialWatch::recheck() {
   std::optional<std::string> token = readTokenFile(check_.token_path);
   if (!token) {
     if (!unreadable_) {
-      common::log::warn(
-          "the credential file cannot be read; the identity lasts until its "
-          "accepted credential expires",
-          {{"credential_path", check_.token_path}, {"expires_at", expires_at_}});
+      common::log::warn(lapsed_
+                            ? "the credential file cannot be read; the identity stays lapsed"
+                            : "the credential file cannot be read; the identity lasts until its "
+                              "accepted credential expires",
+                        {{"credential_path", check_.token_path}, {"expires_at", expires_at_}});
     }
     unreadable_ = true;
     return;
@@ -142,8 +143,10 @@ void CredentialWatch::onVerdict(const Verdict& v, std::string token) {
     refused_token_ = std::move(token);
     refused_at_ = std::chrono::steady_clock::now();
     common::log::warn(
-        "a renewed credential was not accepted; the identity lasts until the accepted one "
-        "expires",
+        lapsed_ ? "a renewed credential was not accepted; the identity stays lapsed (mesh "
+                  "requests refused) until a token that verifies is at --credential-path"
+                : "a renewed credential was not accepted; the identity lasts until the "
+                  "accepted one expires",
         {{"reason", v.reason},
          {"detail", v.detail},
          {"expires_at", expires_at_},

@@ -92,13 +92,14 @@ def run_agent_pid(*cmd, allow=(ALLOW,), extra=(), timeout=300, env=None):
 class Live:
     """A runner in the background: waits for its "agent ID running" line."""
 
-    def __init__(self, *cmd, allow=(ALLOW,), extra=()):
+    def __init__(self, *cmd, allow=(ALLOW,), extra=(), env=None, state_root=STATE_ROOT):
+        self.env = env or runner_env()
         self.proc = subprocess.Popen(run_argv(cmd, allow, extra), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=runner_env())
+                                     env=self.env)
         self.err = ""
         self.id = self._wait_running()
-        self.record = json.loads((STATE_ROOT / self.id / "agent.json").read_text())
+        self.record = json.loads((state_root / self.id / "agent.json").read_text())
 
     def _wait_running(self, timeout=60):
         deadline = time.monotonic() + timeout
@@ -122,7 +123,7 @@ class Live:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-            runner("gc")
+            runner("gc", env=self.env)
         return leftovers(self.id)
 
     def wait(self, timeout=60):
@@ -831,6 +832,39 @@ def test_fifty_start_stop_cycles_leave_nothing(image, runner_hosts):
             assert live.id in r.stdout, r.stdout
     left = {i: leftovers(i) for i in ids}
     assert {i: l for i, l in left.items() if l} == {}
+
+
+def test_gc_leaves_the_agents_of_another_state_root_alone(image, runner_hosts, tmp_path):
+    """COMPASS_STATE_DIR is chosen per runner, while containers, netns and uid claims are
+    host-wide: gc under the default root took a live agent recorded under another root for an
+    orphan and removed it under its runner, saying nothing. Once that agent's runner is gone,
+    gc names the root whose gc removes it."""
+    other = tmp_path / "state"
+    env = runner_env(COMPASS_STATE_DIR=str(other))
+    live = Live("sh", "-c", "sleep 6; echo survived", env=env, state_root=other)
+    try:
+        assert oct(other.stat().st_mode & 0o777) == "0o700"
+        r = runner("gc")
+        assert r.returncode == 0, r.stderr
+        assert live.id not in r.stdout + r.stderr
+        code, out = live.wait(timeout=120)
+        assert code == 0 and "survived" in out, live.err
+    finally:
+        assert live.end() == []
+
+    orphan = Live("sleep", "300", env=env, state_root=other)
+    try:
+        orphan.proc.kill()  # kill -9 of its runner: its record stays under `other`
+        orphan.proc.wait()
+        _await_exited(f"compass-{orphan.id}", "the container to end once its runner is gone")
+        r = runner("gc")
+        assert r.returncode == 0, r.stderr
+        assert f"COMPASS_STATE_DIR={other} compass-runner gc" in r.stderr, r.stderr
+        assert leftovers(orphan.id) != [], "the default root's gc removed another root's agent"
+        r = runner("gc", env=env)
+        assert r.returncode == 0 and orphan.id in r.stdout, r.stdout + r.stderr
+    finally:
+        assert orphan.end() == []
 
 
 def test_gc_running_all_the_while_never_reaps_an_agent_that_is_starting(image, runner_hosts):
