@@ -44,11 +44,13 @@ void reapOrphanAgents(const std::string& conf, const std::vector<std::string>& l
     if (id.empty() || live.count(id) != 0 || readRecord(root + "/" + id)) return false;
     for (const auto& other : roots) {
       if (other == root) continue;
-      if (auto rec = readRecord(other + "/" + id)) {
+      if (auto rec = readRecord(std::string(other).append("/").append(id))) {
         if (!runnerAlive(*rec) && elsewhere.insert(id).second) {
-          note("gc: agent " + id + " belongs to state root " + other +
-               " and its runner is gone; run `COMPASS_STATE_DIR=" + other +
-               " compass-runner gc` to remove it");
+          std::string text = "gc: agent ";
+          text.append(id).append(" belongs to state root ").append(other);
+          text.append(" and its runner is gone; run `COMPASS_STATE_DIR=").append(other);
+          text.append(" compass-runner gc` to remove it");
+          note(text);
         }
         return false;
       }

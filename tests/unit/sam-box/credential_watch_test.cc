@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -18,7 +17,13 @@ namespace {
 
 using namespace std::chrono_literals;
 
-int64_t nowUnix() { return static_cast<int64_t>(std::time(nullptr)); }
+// The clock the watch's expiry timer uses: time(2) reads a coarser one, which can still say
+// the second before when the timer fires at the second's start.
+int64_t nowUnix() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 class CredentialWatchTest : public ::testing::Test {
  protected:
