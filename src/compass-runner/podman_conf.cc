@@ -52,24 +52,7 @@ void writeContainersConf(const std::string& path) {
     throw RunnerError("containers.conf: mkdir " + dir.string() + ": " +
                       (ec ? ec.message() : std::strerror(errno)));
   }
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  common::UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd.valid()) {
-    throw RunnerError("containers.conf: open(" + tmp + "): " + std::strerror(errno));
-  }
-  const std::string_view text = kContainersConf;
-  if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) ||
-      ::fchmod(fd.get(), 0644) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw RunnerError("containers.conf: write(" + tmp + "): " + std::strerror(err));
-  }
-  fd.reset();
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw RunnerError("containers.conf: rename(" + tmp + ", " + path + "): " + std::strerror(err));
-  }
+  writeFileAtomically(path, kContainersConf, 0644, "containers.conf");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 
 #include "common/unique_fd.h"
 #include "compass-runner/backend.h"
+#include "compass-runner/state.h"
 
 namespace runner::podman {
 namespace {
@@ -36,16 +37,7 @@ std::vector<std::pair<std::filesystem::path, std::string>> claims(const std::str
 }  // namespace
 
 IdRange claimIds(const std::string& id, const std::string& claim_dir) {
-  if (::mkdir(claim_dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    throw RunnerError("user namespace: mkdir(" + claim_dir + "): " + std::strerror(errno));
-  }
-  struct stat st {};
-  if (::lstat(claim_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
-      (st.st_mode & 022) != 0) {
-    throw RunnerError("user namespace: " + claim_dir +
-                      " must be a directory owned by the runner's user and not writable by "
-                      "others");
-  }
+  ensurePrivateDir(claim_dir, "user namespace");
   for (uint32_t slot = 0; slot < kSlots; ++slot) {
     const std::string path = claim_dir + "/" + std::to_string(slot);
     common::UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));

@@ -248,6 +248,38 @@ void writeRecord(const AgentRecord& rec) {
   }
 }
 
+void ensurePrivateDir(const std::string& dir, const std::string& what) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    throw RunnerError(what + ": mkdir(" + dir + "): " + errnoText(errno));
+  }
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
+      (st.st_mode & 022) != 0) {
+    throw RunnerError(what + ": " + dir +
+                      " must be a directory owned by the runner's user and not writable by "
+                      "others");
+  }
+}
+
+void writeFileAtomically(const std::string& path, std::string_view text, mode_t mode,
+                         const std::string& what) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  common::UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode));
+  if (!fd.valid()) throw RunnerError(what + ": open(" + tmp + "): " + errnoText(errno));
+  if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) ||
+      ::fchmod(fd.get(), mode) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw RunnerError(what + ": write(" + tmp + "): " + errnoText(err));
+  }
+  fd.reset();
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw RunnerError(what + ": rename(" + tmp + ", " + path + "): " + errnoText(err));
+  }
+}
+
 std::optional<AgentRecord> readRecord(const std::string& dir) {
   const std::string text = readSmallFile(dir + "/" + kRecordFile, kMaxRecordBytes);
   if (text.empty()) return std::nullopt;

@@ -79,4 +79,15 @@ std::optional<AgentRecord> readRecord(const std::string& dir);
 /// Removes a state dir and everything in it. Never follows symlinks out of it.
 void removeStateDir(const std::string& dir);
 
+/// Makes `dir` (mode 0700) if it is missing, then checks that it is a directory of the
+/// caller's that no one else may write (not a symlink). Throws RunnerError starting with
+/// `what` otherwise.
+void ensurePrivateDir(const std::string& dir, const std::string& what);
+
+/// Writes `text` to `path` through `path`.tmp.<pid> and rename(2), so that readers see the old
+/// file or the new one, never a part. The temporary is removed if a step fails; throws
+/// RunnerError starting with `what`, naming the step and errno.
+void writeFileAtomically(const std::string& path, std::string_view text, mode_t mode,
+                         const std::string& what);
+
 }  // namespace runner

@@ -1,19 +1,14 @@
 #include "compass-runner/state_roots.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
-#include "common/unique_fd.h"
-#include "compass-runner/backend.h"
+#include "compass-runner/state.h"
 
 namespace runner {
 namespace {
@@ -31,41 +26,14 @@ std::string entryName(const std::string& root) {
   return name;
 }
 
-void checkRegistry(const std::string& registry) {
-  if (::mkdir(registry.c_str(), 0700) != 0 && errno != EEXIST) {
-    throw RunnerError("state roots: mkdir(" + registry + "): " + std::strerror(errno));
-  }
-  struct stat st {};
-  if (::lstat(registry.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
-      (st.st_mode & 022) != 0) {
-    throw RunnerError("state roots: " + registry +
-                      " must be a directory owned by the runner's user and not writable by "
-                      "others");
-  }
-}
-
 }  // namespace
 
 void registerStateRoot(const std::string& root, const std::string& registry) {
   const std::string path = registry + "/" + entryName(root);
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return;
-  checkRegistry(registry);
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  common::UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-  const std::string text = root + "\n";
-  if (!fd.valid() ||
-      ::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw RunnerError("state roots: write(" + tmp + "): " + std::strerror(err));
-  }
-  fd.reset();
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw RunnerError("state roots: rename(" + tmp + "): " + std::strerror(err));
-  }
+  ensurePrivateDir(registry, "state roots");
+  writeFileAtomically(path, root + "\n", 0600, "state roots");
 }
 
 std::vector<std::string> knownStateRoots(const std::string& own, const std::string& registry) {
