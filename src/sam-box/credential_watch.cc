@@ -1,15 +1,9 @@
 #include "sam-box/credential_watch.h"
 
 #include "common/log.h"
-#include "common/unique_fd.h"
-#include "sam-box/limits.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <asio/post.hpp>
 
-#include <cerrno>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -24,25 +18,6 @@ struct CredentialWatch::Shared {
   std::mutex mu;
   bool alive = true;
 };
-
-std::optional<std::string> readTokenFile(const std::string& path) {
-  // Non-blocking open and a regular file only: a FIFO or a device at the path must not stall
-  // the event loop (this runs on it).
-  const common::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
-  struct stat st {};
-  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-  std::string text(kMaxTokenFileBytes + 1, '\0');
-  size_t got = 0;
-  while (got < text.size()) {
-    const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return std::nullopt;
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
-  }
-  text.resize(got);
-  return text;
-}
 
 CredentialWatch::CredentialWatch(asio::io_context& io, IdentityCheck check, std::string helper,
                                  const Verdict& first, std::string first_token,

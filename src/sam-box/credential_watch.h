@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 
 namespace sambox {
@@ -30,10 +29,6 @@ inline constexpr std::chrono::milliseconds kCredentialRecheck{2000};
 /// A changed token that was refused is not verified again before this much time has passed
 /// (an issuer that is down is not asked at every recheck).
 inline constexpr std::chrono::milliseconds kCredentialRetry{30'000};
-
-/// Reads the token file the way the recheck compares it: its bytes, at most
-/// kMaxTokenFileBytes + 1 of them. Returns std::nullopt if the file cannot be opened or read.
-std::optional<std::string> readTokenFile(const std::string& path);
 
 class CredentialWatch {
  public:

@@ -3,24 +3,18 @@
 #include "policy/oidc.h"
 #include "sam-box/limits.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <iterator>
+#include <optional>
+#include <utility>
 
 namespace sambox {
 
 policy::VerifiedClaims verifyIdentity(const IdentityCheck& check) {
   const std::string& path = check.token_path;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw policy::CredentialError("unreadable-token",
-                                  "--credential-path " + path + ": " + std::strerror(errno));
-  }
-  std::string token;
-  token.resize(kMaxTokenFileBytes + 1);
-  in.read(token.data(), static_cast<std::streamsize>(token.size()));
-  token.resize(static_cast<size_t>(in.gcount()));
+  std::string why;
+  std::optional<std::string> read = readTokenFile(path, &why);
+  if (!read)
+    throw policy::CredentialError("unreadable-token", "--credential-path " + path + ": " + why);
+  std::string token = std::move(*read);
   if (token.size() > kMaxTokenFileBytes) {
     throw policy::CredentialError("unreadable-token",
                                   "--credential-path " + path + ": larger than " +

@@ -69,6 +69,7 @@ int run(const sambox::Flags& flags) {
     return kExitConfig;
   }
   sambox::IdentityCheck check;
+  const std::string verifier = sambox::verifierPath();
   sambox::Verdict verdict;
   std::string verified_token;
   if (config.verifyCredential()) {
@@ -80,7 +81,7 @@ int run(const sambox::Flags& flags) {
     // Read before the helper reads it: if the file changes in between, the first recheck
     // sees other bytes and verifies those too (credential_watch.h).
     verified_token = sambox::readTokenFile(check.token_path).value_or(std::string());
-    verdict = sambox::runVerifier(sambox::verifierPath(), check);
+    verdict = sambox::runVerifier(verifier, check);
     if (!verdict.ok) {
       fail("refusing to start: credential not accepted: " + verdict.detail, verdict.reason);
       return kExitIdentity;
@@ -116,7 +117,7 @@ int run(const sambox::Flags& flags) {
   }
   std::optional<sambox::CredentialWatch> watch;
   if (config.verifyCredential()) {
-    watch.emplace(io, check, sambox::verifierPath(), verdict, std::move(verified_token),
+    watch.emplace(io, check, verifier, verdict, std::move(verified_token),
                   [&server](bool lapsed) { server.setIdentityLapsed(lapsed); });
     watch->start();
   }

@@ -1,10 +1,12 @@
 #include "sam-box/verifier.h"
 
 #include "common/unique_fd.h"
+#include "sam-box/limits.h"
 
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
@@ -63,6 +65,28 @@ int reap(pid_t pid, Clock::time_point deadline) {
 }
 
 }  // namespace
+
+std::optional<std::string> readTokenFile(const std::string& path, std::string* why) {
+  auto failed = [why](std::string text) -> std::optional<std::string> {
+    if (why != nullptr) *why = std::move(text);
+    return std::nullopt;
+  };
+  const common::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  struct stat st {};
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0) return failed(std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return failed("not a regular file");
+  std::string text(kMaxTokenFileBytes + 1, '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return failed(std::strerror(errno));
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  text.resize(got);
+  return text;
+}
 
 std::string verdictLine(const Verdict& v) {
   nlohmann::json j;

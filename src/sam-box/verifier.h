@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -46,6 +47,13 @@ struct Verdict {
   std::string subject;     ///< ok: the verified "sub"
   int64_t expires_at = 0;  ///< ok: the verified "exp", seconds since the Unix epoch (> 0)
 };
+
+/// Reads a platform token file as both the helper (identity.h) and the recheck
+/// (credential_watch.h) do: its bytes, at most kMaxTokenFileBytes + 1 of them (more means too
+/// large), from a regular file only, opened without blocking (a FIFO or device at the path
+/// must not stall the caller). Returns std::nullopt, with `*why` (if given) saying what failed,
+/// if the file cannot be opened or read or is not a regular file.
+std::optional<std::string> readTokenFile(const std::string& path, std::string* why = nullptr);
 
 /// One JSON line (with the trailing newline) carrying `v`.
 std::string verdictLine(const Verdict& v);

@@ -1,7 +1,5 @@
 #include "sam-box/credential_watch.h"
 
-#include "sam-box/limits.h"
-
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -157,23 +155,6 @@ TEST_F(CredentialWatchTest, StopCancelsBothTimers) {
   io_.run_for(3s);  // returns early once nothing is left to wait for
   EXPECT_FALSE(w->lapsed());
   EXPECT_TRUE(events_.empty());
-}
-
-TEST(ReadTokenFileTest, OnlyARegularFileAndAtMostTheLimitPlusOne) {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("sambox-token-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const auto fifo = dir / "fifo";
-  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  EXPECT_FALSE(readTokenFile(fifo.string()).has_value());  // returns at once, no writer needed
-  EXPECT_FALSE(readTokenFile("/dev/zero").has_value());
-  EXPECT_FALSE(readTokenFile((dir / "missing").string()).has_value());
-  const auto big = dir / "big";
-  std::ofstream(big) << std::string(kMaxTokenFileBytes * 2, 'a');
-  EXPECT_EQ(readTokenFile(big.string())->size(), kMaxTokenFileBytes + 1);
-  std::ofstream(dir / "tok") << "eyJ.x.y\n";
-  EXPECT_EQ(readTokenFile((dir / "tok").string()), "eyJ.x.y\n");
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "sam-box/verifier.h"
 
+#include "sam-box/limits.h"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -206,6 +208,26 @@ TEST_F(RunVerifierTest, HelperThatClosesStdoutButLingersIsKilled) {
       check_, milliseconds(300));
   EXPECT_FALSE(v.ok);
   EXPECT_EQ(v.reason, kReasonVerifierTimeout);
+}
+
+TEST(ReadTokenFileTest, OnlyARegularFileAndAtMostTheLimitPlusOne) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("sambox-token-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string why;
+  EXPECT_FALSE(readTokenFile(fifo.string(), &why).has_value());  // at once, no writer needed
+  EXPECT_EQ(why, "not a regular file");
+  EXPECT_FALSE(readTokenFile("/dev/zero").has_value());
+  EXPECT_FALSE(readTokenFile((dir / "missing").string(), &why).has_value());
+  EXPECT_EQ(why, "No such file or directory");
+  const auto big = dir / "big";
+  std::ofstream(big) << std::string(kMaxTokenFileBytes * 2, 'a');
+  EXPECT_EQ(readTokenFile(big.string())->size(), kMaxTokenFileBytes + 1);
+  std::ofstream(dir / "tok") << "eyJ.x.y\n";
+  EXPECT_EQ(readTokenFile((dir / "tok").string()), "eyJ.x.y\n");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
