@@ -18,7 +18,8 @@ const char* routeLabel(Route route) {
   return "malformed";
 }
 
-Decision classify(const Config& config, proto::TunnelKind kind, std::string_view authority) {
+Decision classify(const Config& config, proto::TunnelKind kind, std::string_view authority,
+                  bool identity_lapsed) {
   Decision d;
   std::string why;
   const auto target = policy::parseAuthority(authority, &why);
@@ -51,6 +52,8 @@ Decision classify(const Config& config, proto::TunnelKind kind, std::string_view
       d.reason = kReasonNoIdentity;
     } else if (target->port != kMeshPort) {
       d.reason = kReasonMeshPort;
+    } else if (identity_lapsed) {
+      d.reason = kReasonCredentialExpired;
     } else {
       d.allowed = true;
     }

@@ -33,6 +33,9 @@ inline constexpr const char* kReasonNotAllowlisted = "not-allowlisted";
 inline constexpr const char* kReasonUnresolved = "unresolved-address";
 inline constexpr const char* kReasonInvalidName = "invalid-name";
 inline constexpr const char* kReasonNoIdentity = "no-agent-identity";
+/// The last verified platform credential has expired and no renewed one verified
+/// (credential_watch.h): mesh requests would carry an identity nothing proves any more.
+inline constexpr const char* kReasonCredentialExpired = "credential-expired";
 inline constexpr const char* kReasonMeshUdp = "mesh-udp-unsupported";
 inline constexpr const char* kReasonMeshPort = "mesh-port-not-served";
 inline constexpr const char* kReasonMalformed = "malformed-request";
@@ -40,8 +43,10 @@ inline constexpr const char* kReasonMalformed = "malformed-request";
 /// Decides a tunnel. `authority` is "host:port" from the request head. Order: a malformed
 /// authority → 400 malformed-request; an IP literal in any spelling → route unresolved,
 /// unresolved-address; an invalid name → invalid-name; mesh.sam.alt → mesh-entrypoint
-/// (TCP port 80 only, and only when the box has an agent identity); otherwise external,
-/// allowed iff the allowlist matches name and port.
-Decision classify(const Config& config, proto::TunnelKind kind, std::string_view authority);
+/// (TCP port 80 only, and only when the box has an agent identity that has not lapsed:
+/// `identity_lapsed` is Server::identityLapsed(), true → credential-expired); otherwise
+/// external, allowed iff the allowlist matches name and port.
+Decision classify(const Config& config, proto::TunnelKind kind, std::string_view authority,
+                  bool identity_lapsed);
 
 }  // namespace sambox

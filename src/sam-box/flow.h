@@ -27,9 +27,6 @@ inline constexpr const char* kReasonStreamReset = "stream-reset";
 /// sam-box was stopped (SIGTERM/SIGINT) while the flow was open (outcome stays "allowed") or
 /// being set up (outcome "error").
 inline constexpr const char* kReasonBoundaryStopped = "boundary-stopped";
-/// The last verified platform credential has expired and no renewed one verified
-/// (credential_watch.h): mesh requests would carry an identity nothing proves any more.
-inline constexpr const char* kReasonCredentialExpired = "credential-expired";
 
 struct FlowRecord {
   std::string agent;

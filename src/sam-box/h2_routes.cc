@@ -162,7 +162,8 @@ asio::awaitable<void> H2Session::serveStream(std::shared_ptr<H2Stream> stream) {
       co_await refuseStream(s, record, request.status, request.reason, false);
     } else {
       record.kind = request.kind == proto::TunnelKind::kConnectUdp ? "udp" : "tcp";
-      record.decision = classify(server_.config_, request.kind, request.target);
+      record.decision =
+          classify(server_.config_, request.kind, request.target, server_.identity_lapsed_);
       if (!record.decision.allowed) {
         co_await refuseStream(s, record, record.decision.status, record.decision.reason.c_str(),
                               false);
@@ -342,10 +343,6 @@ asio::awaitable<void> H2Session::streamUdp(H2Stream& s, FlowRecord& record) {
 }
 
 asio::awaitable<void> H2Session::streamMesh(H2Stream& s, FlowRecord& record) {
-  if (server_.identity_lapsed_) {
-    co_await refuseStream(s, record, 403, kReasonCredentialExpired, false);
-    co_return;
-  }
   asio::local::stream_protocol::socket node(agent_.get_executor());
   asio::error_code ec;
   const std::string& sidecar = server_.config_.flags.sidecar_socket;
@@ -380,53 +377,35 @@ asio::awaitable<void> H2Session::streamMesh(H2Stream& s, FlowRecord& record) {
     while (co_await agentData(s)) {
       chunk.clear();
       chunk.swap(s.in);
-      if (server_.identity_lapsed_ && !chunk.empty()) {
-        common::log::warn(
-            "mesh request refused: the credential expired",
-            {{"agent", server_.config_.agentId()}, {"reason", kReasonCredentialExpired}});
-        server_.metrics_.refusal(kReasonCredentialExpired);
-        consumed(s, chunk.size());
-        asio::error_code ignored;
-        if (record.bytes_up != 0) {
-          reset(s, NGHTTP2_CANCEL);
-          node.close(ignored);
-          co_return;
-        }
-        if (co_await sendToAgent(s, proto::errorResponse(403, kReasonCredentialExpired))) {
-          node.shutdown(asio::socket_base::shutdown_send, ignored);
-        } else {
-          node.close(ignored);
-        }
-        co_return;
-      }
-      out.clear();
-      const auto status = rewriter.feed(chunk, &out);
+      // A request the node must not see: the identity lapsed (credential_watch.h), or the
+      // stream is no HTTP/1.1 the rewriter can vouch for.
       asio::error_code write_ec;
-      if (!out.empty()) {
-        co_await asio::async_write(node, asio::buffer(out),
-                                   asio::redirect_error(use_awaitable, write_ec));
-        if (!write_ec) record.bytes_up += out.size();
-        s.last_activity = std::chrono::steady_clock::now();
+      MeshRefusal refusal = meshRefusal(server_.identity_lapsed_ && !chunk.empty(),
+                                        proto::RequestStreamRewriter::Status::kOk, rewriter);
+      if (refusal.status == 0) {
+        out.clear();
+        const auto status = rewriter.feed(chunk, &out);
+        if (!out.empty()) {
+          co_await asio::async_write(node, asio::buffer(out),
+                                     asio::redirect_error(use_awaitable, write_ec));
+          if (!write_ec) record.bytes_up += out.size();
+          s.last_activity = std::chrono::steady_clock::now();
+        }
+        refusal = meshRefusal(false, status, rewriter);
       }
       consumed(s, chunk.size());
-      if (status != proto::RequestStreamRewriter::Status::kOk) {
-        const bool too_large = status == proto::RequestStreamRewriter::Status::kTooLarge;
-        const char* reason = too_large ? kReasonHeaderTooLarge : kReasonMalformed;
-        common::log::warn("mesh request refused mid-stream", {{"agent", server_.config_.agentId()},
-                                                              {"reason", reason},
-                                                              {"error", rewriter.error()}});
-        server_.metrics_.refusal(reason);
-        if (too_large) server_.metrics_.limitHit(kLimitMaxHeaderBytes);
-        if (rewriter.requests() != 0 || write_ec) {
+      if (refusal.status != 0) {
+        reportMeshRefusal(server_.metrics_, server_.config_.agentId(), refusal);
+        if (rewriter.requests() != 0 || record.bytes_up != 0 || write_ec) {
           // Answers to earlier requests may still be on their way back: nothing can be put
           // between them, so the stream is reset.
-          reset(s, NGHTTP2_PROTOCOL_ERROR);
+          reset(s, refusal.status == 403 ? NGHTTP2_CANCEL : NGHTTP2_PROTOCOL_ERROR);
           node.close(write_ec);
           co_return;
         }
-        // Nothing reached the node, so nothing of its is on the way back: a readable 431 or
-        // 400 on the stream, then the node's end of stream ends it (relayToAgent).
-        if (co_await sendToAgent(s, proto::errorResponse(too_large ? 431 : 400, reason))) {
+        // Nothing reached the node, so nothing of its is on the way back: a readable 403, 431
+        // or 400 on the stream, then the node's end of stream ends it (relayToAgent).
+        if (co_await sendToAgent(s, proto::errorResponse(refusal.status, refusal.reason))) {
           node.shutdown(asio::socket_base::shutdown_send, write_ec);
         } else {
           node.close(write_ec);

@@ -316,11 +316,23 @@ asio::awaitable<void> Server::externalUdp(UnixSocket& agent, Flow& flow) {
   finish(flow);
 }
 
+MeshRefusal meshRefusal(bool identity_lapsed, proto::RequestStreamRewriter::Status status,
+                        const proto::RequestStreamRewriter& rewriter) {
+  using Status = proto::RequestStreamRewriter::Status;
+  if (identity_lapsed) return {403, kReasonCredentialExpired, "the credential expired"};
+  if (status == Status::kTooLarge) return {431, kReasonHeaderTooLarge, rewriter.error()};
+  if (status != Status::kOk) return {400, kReasonMalformed, rewriter.error()};
+  return {};
+}
+
+void reportMeshRefusal(Metrics& metrics, const std::string& agent, const MeshRefusal& refusal) {
+  common::log::warn("mesh request refused mid-stream",
+                    {{"agent", agent}, {"reason", refusal.reason}, {"error", refusal.error}});
+  metrics.refusal(refusal.reason);
+  if (refusal.status == 431) metrics.limitHit(kLimitMaxHeaderBytes);
+}
+
 asio::awaitable<void> Server::meshEntrypoint(UnixSocket& agent, Flow& flow) {
-  if (identity_lapsed_) {
-    co_await refuse(agent, flow, 403, kReasonCredentialExpired, false);
-    co_return;
-  }
   UnixSocket node(io_);
   const ScopedCloser closer(flow.close_upstream, node);
   asio::error_code ec;
@@ -356,45 +368,31 @@ asio::awaitable<void> Server::meshEntrypoint(UnixSocket& agent, Flow& flow) {
     std::string_view pending = flow.early_data;
     std::array<char, kReadBufferBytes> buf{};
     for (;;) {
-      if (identity_lapsed_ && !pending.empty()) {
-        common::log::warn("mesh request refused: the credential expired",
-                          {{"agent", config_.agentId()}, {"reason", kReasonCredentialExpired}});
-        metrics_.refusal(kReasonCredentialExpired);
-        if (flow.record.bytes_up != 0) {
-          // Answers to earlier requests may still be on their way back: the tunnel just ends.
-          throw asio::system_error(asio::error::connection_aborted, "credential expired");
+      // A request the node must not see: the identity lapsed (credential_watch.h), or the
+      // stream is no HTTP/1.1 the rewriter can vouch for.
+      MeshRefusal refusal = meshRefusal(identity_lapsed_ && !pending.empty(),
+                                        proto::RequestStreamRewriter::Status::kOk, rewriter);
+      if (refusal.status == 0) {
+        out.clear();
+        const auto status = rewriter.feed(pending, &out);
+        if (!out.empty()) {
+          co_await asio::async_write(node, asio::buffer(out), use_awaitable);
+          flow.record.bytes_up += out.size();
         }
-        co_await asio::async_write(
-            agent, asio::buffer(proto::errorResponse(403, kReasonCredentialExpired)),
-            use_awaitable);
-        asio::error_code ignored;
-        node.shutdown(asio::socket_base::shutdown_send, ignored);
-        co_return;
+        refusal = meshRefusal(false, status, rewriter);
       }
-      out.clear();
-      const auto status = rewriter.feed(pending, &out);
-      if (!out.empty()) {
-        co_await asio::async_write(node, asio::buffer(out), use_awaitable);
-        flow.record.bytes_up += out.size();
-      }
-      if (status != proto::RequestStreamRewriter::Status::kOk) {
-        const bool too_large = status == proto::RequestStreamRewriter::Status::kTooLarge;
-        const char* reason = too_large ? kReasonHeaderTooLarge : kReasonMalformed;
-        common::log::warn(
-            "mesh request refused mid-stream",
-            {{"agent", config_.agentId()}, {"reason", reason}, {"error", rewriter.error()}});
-        metrics_.refusal(reason);
-        if (too_large) metrics_.limitHit(kLimitMaxHeaderBytes);
-        if (rewriter.requests() != 0) {
+      if (refusal.status != 0) {
+        reportMeshRefusal(metrics_, config_.agentId(), refusal);
+        if (rewriter.requests() != 0 || flow.record.bytes_up != 0) {
           // Answers to earlier requests may still be on their way back: nothing can be put
           // between them, so the tunnel just ends.
-          throw asio::system_error(asio::error::invalid_argument, "mesh request stream");
+          throw asio::system_error(asio::error::connection_aborted, "mesh request refused");
         }
         // Nothing of this tunnel reached the node, so nothing of the node's is on its way
-        // back: the agent gets a status it can read (431 or 400) instead of a bare close, and
-        // the node an end of stream before any request.
+        // back: the agent gets a status it can read (403, 431 or 400) instead of a bare
+        // close, and the node an end of stream before any request.
         co_await asio::async_write(
-            agent, asio::buffer(proto::errorResponse(too_large ? 431 : 400, reason)),
+            agent, asio::buffer(proto::errorResponse(refusal.status, refusal.reason)),
             use_awaitable);
         asio::error_code ignored;
         node.shutdown(asio::socket_base::shutdown_send, ignored);

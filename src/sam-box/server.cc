@@ -299,7 +299,7 @@ asio::awaitable<void> Server::serveTunnel(UnixSocket agent) {
 
   flow.kind = head.kind;
   flow.record.kind = flow.kind == proto::TunnelKind::kConnectUdp ? "udp" : "tcp";
-  flow.record.decision = classify(config_, flow.kind, head.authority);
+  flow.record.decision = classify(config_, flow.kind, head.authority, identity_lapsed_);
   if (!flow.record.decision.allowed) {
     co_await refuse(agent, flow, flow.record.decision.status, flow.record.decision.reason.c_str(),
                     false);

@@ -1,6 +1,7 @@
 #pragma once
 // Pieces shared by the server's translation units (server.cc, routes.cc, ingress.cc).
 
+#include "proto/request_rewriter.h"
 #include "sam-box/flow.h"
 #include "sam-box/server.h"
 
@@ -50,6 +51,24 @@ size_t sendNow(asio::local::stream_protocol::socket& socket, std::string_view da
 /// `addr` as asio's to_string() writes it (inet_ntop(3)), an IPv4 address without the
 /// printf(3) that inet_ntop spends on it: it is formatted for every flow's log line.
 std::string addressText(const asio::ip::address& addr);
+
+/// Why an open mesh tunnel or stream (HTTP/1.1 or HTTP/2) stops passing requests to the node:
+/// status 0 while it goes on.
+struct MeshRefusal {
+  int status = 0;  ///< 403, 431 or 400: what the agent reads when nothing reached the node yet
+  const char* reason = nullptr;  ///< Boundary-Reason
+  std::string error;             ///< for the log line
+};
+
+/// 403 credential-expired while `identity_lapsed` (checked before a chunk is fed, so nothing
+/// of it reaches the node); else what `status`, the rewriter's answer to the chunk, means:
+/// 431 header-too-large, 400 malformed-request, or nothing.
+MeshRefusal meshRefusal(bool identity_lapsed, proto::RequestStreamRewriter::Status status,
+                        const proto::RequestStreamRewriter& rewriter);
+
+/// Logs `refusal` ("mesh request refused mid-stream", with agent and reason) and counts it in
+/// sam_box_refusals_total (and a too-large head in sam_box_limit_hits_total).
+void reportMeshRefusal(Metrics& metrics, const std::string& agent, const MeshRefusal& refusal);
 
 /// Counts a flow in sam_box_flows_in_progress for its lifetime.
 class InProgress {

@@ -20,7 +20,7 @@ Config configWith(std::initializer_list<const char*> allow, bool with_bundle = t
 }
 
 Decision tcp(const Config& cfg, const char* authority) {
-  return classify(cfg, TunnelKind::kConnectTcp, authority);
+  return classify(cfg, TunnelKind::kConnectTcp, authority, false);
 }
 
 TEST(ClassifyTest, WildcardMatchesSubdomainsOnly) {
@@ -77,16 +77,33 @@ TEST(ClassifyTest, MeshEntrypoint) {
   EXPECT_TRUE(d.allowed);
   EXPECT_EQ(d.route, Route::kMeshEntrypoint);
   EXPECT_EQ(tcp(cfg, "mesh.sam.alt:443").reason, kReasonMeshPort);
-  EXPECT_EQ(classify(cfg, TunnelKind::kConnectUdp, "mesh.sam.alt:80").reason, kReasonMeshUdp);
+  EXPECT_EQ(classify(cfg, TunnelKind::kConnectUdp, "mesh.sam.alt:80", false).reason,
+            kReasonMeshUdp);
   EXPECT_EQ(tcp(configWith({}, false), "mesh.sam.alt:80").reason, kReasonNoIdentity);
   // An allowlist entry cannot turn the mesh name into an external destination.
   EXPECT_EQ(tcp(configWith({"mesh.sam.alt"}, false), "mesh.sam.alt:80").reason, kReasonNoIdentity);
 }
 
+TEST(ClassifyTest, ALapsedIdentityRefusesTheMeshAndNothingElse) {
+  const Config cfg = configWith({"api.example.com"});
+  const Decision mesh = classify(cfg, TunnelKind::kConnectTcp, "Mesh.Sam.Alt.:80", true);
+  EXPECT_FALSE(mesh.allowed);
+  EXPECT_EQ(mesh.status, 403);
+  EXPECT_EQ(mesh.route, Route::kMeshEntrypoint);
+  EXPECT_EQ(mesh.reason, kReasonCredentialExpired);
+  // External egress is the allowlist's, not the identity's.
+  EXPECT_TRUE(classify(cfg, TunnelKind::kConnectTcp, "api.example.com:443", true).allowed);
+  // A box without an identity has none to lapse: its refusal says so.
+  EXPECT_EQ(
+      classify(configWith({}, false), TunnelKind::kConnectTcp, "mesh.sam.alt:80", true).reason,
+      kReasonNoIdentity);
+}
+
 TEST(ClassifyTest, EmptyAllowlistDeniesEverything) {
   const Config cfg = configWith({});
   EXPECT_EQ(tcp(cfg, "api.github.com:443").reason, kReasonNotAllowlisted);
-  EXPECT_EQ(classify(cfg, TunnelKind::kConnectUdp, "dns.example:53").reason, kReasonNotAllowlisted);
+  EXPECT_EQ(classify(cfg, TunnelKind::kConnectUdp, "dns.example:53", false).reason,
+            kReasonNotAllowlisted);
 }
 
 }  // namespace
