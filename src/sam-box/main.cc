@@ -1,6 +1,7 @@
 // sam-box: the per-agent egress boundary (seed 003). `sam-box run …` serves named CONNECT and
 // connect-udp tunnels on a Unix socket and decides each by the name the agent asked for.
 
+#include "common/cli_error.h"
 #include "common/log.h"
 #include "sam-box/credential_watch.h"
 #include "sam-box/limits.h"
@@ -26,15 +27,21 @@ constexpr int kExitIdentity = 3;  // the platform credential did not verify
 constexpr int kExitRuntime = 1;   // a listener could not be bound, or the loop failed
 
 // Each flow holds up to kFdsPerFlow descriptors; the usual soft limit (1024) would stop the
-// boundary at ~170 flows, far below kMaxConcurrentFlows. Raise it as far as the hard limit
-// allows, and say so when that is still short.
+// boundary at ~170 flows, far below kMaxConcurrentFlows. Raise it, and the hard limit too where
+// the process may (CAP_SYS_RESOURCE: a sam-box started by the runner as root), else as far as
+// the hard limit allows; say so when that is still short (setrlimit(2)).
 void raiseFileLimit() {
   constexpr rlim_t kWanted = sambox::kMaxConcurrentFlows * sambox::kFdsPerFlow + 64;
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
   if (lim.rlim_cur < kWanted) {
-    lim.rlim_cur = std::min<rlim_t>(kWanted, lim.rlim_max);
-    ::setrlimit(RLIMIT_NOFILE, &lim);
+    const rlimit raised{kWanted, std::max<rlim_t>(kWanted, lim.rlim_max)};
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+      lim = raised;
+    } else {
+      lim.rlim_cur = std::min<rlim_t>(kWanted, lim.rlim_max);
+      ::setrlimit(RLIMIT_NOFILE, &lim);
+    }
   }
   if (lim.rlim_cur < kWanted) {
     common::log::warn(
@@ -205,7 +212,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : kExitConfig;
+    return common::reportParseError(app, e, "sam-box", kExitConfig);
   }
   try {
     return run(flags);
