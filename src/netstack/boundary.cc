@@ -2,6 +2,7 @@
 
 #include "netstack/h2_mux.h"
 #include "netstack/limits.h"
+#include "netstack/log.h"
 #include "netstack/packet.h"
 
 #include <linux/vm_sockets.h>
@@ -179,6 +180,18 @@ int responseStatus(std::string_view head) {
   }
   if (head.size() > 12 && head[12] != ' ' && head[12] != '\r') return -1;
   return status;
+}
+
+void logRefusedFlow(std::string_view what, const std::string& target, int status,
+                    const std::string& detail) {
+  if (status < 0) {
+    log::info(what, {{"target", target},
+                     {"status", status},
+                     {"reason", kReasonBoundaryUnreachable},
+                     {"error", detail}});
+  } else {
+    log::info(what, {{"target", target}, {"status", status}, {"reason", detail}});
+  }
 }
 
 asio::awaitable<TunnelResult> openTunnel(asio::generic::stream_protocol::socket& socket,

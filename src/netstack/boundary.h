@@ -72,6 +72,18 @@ struct TunnelResult {
   std::string leftover;  ///< bytes received after the response head (tunnelled data)
 };
 
+/// The reason logged for a flow the boundary never answered (TunnelResult status -1: its
+/// socket is gone, it did not answer within kTunnelOpenTimeout, the byte stream failed): a
+/// stable value beside sam-box's Boundary-Reason values (docs/sam-box.md), the error itself
+/// in the line's `error` field.
+inline constexpr const char* kReasonBoundaryUnreachable = "boundary-unreachable";
+
+/// Logs a refused flow at info: `what` ("tcp flow refused" or "udp flow refused"), with
+/// `target` (host:port), the boundary's `status` and `detail` as reason; status -1 is logged
+/// as reason kReasonBoundaryUnreachable with `detail` as its error.
+void logRefusedFlow(std::string_view what, const std::string& target, int status,
+                    const std::string& detail);
+
 /// Connects `socket` to the boundary (for an HTTP/2 boundary: takes a new stream from
 /// `boundary.mux`, a socketpair end), sends `request` and reads the response head (bounded
 /// by kMaxResponseHeadBytes, timed out by kTunnelOpenTimeout). Never throws for network

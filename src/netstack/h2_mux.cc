@@ -179,8 +179,8 @@ int H2Mux::openStream(std::string* error) {
     }
     *error = errnoText("socketpair");
   }
-  ++streams_refused_;
-  log::info("h2 stream refused", {{"reason", *error}, {"refused", streams_refused_}});
+  ++streams_unopened_;
+  log::info("h2 stream not opened", {{"error", *error}, {"unopened", streams_unopened_}});
   return -1;
 }
 

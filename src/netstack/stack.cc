@@ -162,7 +162,7 @@ void Stack::Impl::stop() {
   if (const auto& mux = core.boundary.mux) {
     mux->stop();
     log::info("h2 boundary stopped", {{"streams_opened", mux->streamsOpened()},
-                                      {"streams_refused", mux->streamsRefused()},
+                                      {"streams_unopened", mux->streamsUnopened()},
                                       {"upstream_failures", mux->upstreamFailures()}});
   }
   const Counters& c = core.counters;

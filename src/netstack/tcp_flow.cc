@@ -74,7 +74,7 @@ void TcpFlow::refuse(int status, const std::string& detail) {
     const std::string rst = buildTcpRst(syn);
     core_.lwip.writeTun({reinterpret_cast<const uint8_t*>(rst.data()), rst.size()});
   }
-  log::info("tcp flow refused", {{"target", authority_}, {"status", status}, {"reason", detail}});
+  logRefusedFlow("tcp flow refused", authority_, status, detail);
   auto self = shared_from_this();
   close();
 }

@@ -34,7 +34,7 @@ void UdpFlow::onVerdict(int status, const std::string& detail, std::string lefto
   last_activity_ = Clock::now();
   if (status != 101) {
     ++core_.counters.udp_refused;
-    log::info("udp flow refused", {{"target", target_}, {"status", status}, {"reason", detail}});
+    logRefusedFlow("udp flow refused", target_, status, detail);
     state_ = State::kRefused;
     queued_.clear();
     queued_datagrams_ = 0;

@@ -2,6 +2,7 @@
 resolv.conf inside the sandbox, and end to end through a real sam-box to the test hosts that
 conftest.py builds (198.18.0.0/15, 2001:db8::/32). Nothing is sent anywhere else."""
 
+import json
 import os
 import re
 import subprocess
@@ -114,6 +115,20 @@ def test_literal_ip_is_refused_and_counted_unresolved(nano, std_box):
     wait_for(lambda: delta(before, std_box.metrics(), "sam_box_flows_total",
                            outcome="denied", route="unresolved") >= 1,
              what="the unresolved flow in the metrics")
+
+
+def test_a_boundary_that_is_gone_refuses_flows_with_a_stable_reason(nano, nano_tmp):
+    """With no sam-box behind BOUNDARY (it died, or never started), a flow is refused at once,
+    and nano-init's line gives the reason boundary-unreachable, not a bare errno text."""
+    gone = nano_tmp / "gone.sock"
+    r = run_nano(str(gone), ["curl", "-sS", "--max-time", "5", "http://api.example.com/"])
+    assert r.returncode == 7, r.stderr  # couldn't connect: refused, not timed out (28)
+    refused = [json.loads(line) for line in r.stderr.splitlines()
+               if line.startswith("{") and "tcp flow refused" in line]
+    assert refused, r.stderr
+    assert {e["reason"] for e in refused} == {"boundary-unreachable"}, refused
+    assert all("No such file" in e["error"] for e in refused), refused
+    assert all(e["target"] == "api.example.com:80" for e in refused), refused
 
 
 def test_ten_thousand_names_leave_memory_bounded(nano, dummy_boundary):
