@@ -1,5 +1,7 @@
 #include "nano-init/options.h"
 
+#include "common/cli_error.h"
+
 #include <algorithm>
 
 #include <CLI/CLI.hpp>
@@ -216,11 +218,9 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
   try {
     app.parse(cmd_start, argv);
   } catch (const CLI::ParseError& e) {
-    std::ostringstream out;
-    std::ostringstream err;
-    const int code = app.exit(e, out, err);
     // --help/--version exit 0; every usage error is 2, whatever CLI11's own code for it.
-    return Exit{code == 0 ? 0 : 2, code == 0 ? out.str() : err.str() + out.str()};
+    const common::ParseErrorReport r = common::describeParseError(app, e, "nano-init", 2);
+    return Exit{r.status, r.status == 0 ? r.out : r.err + r.out};
   }
   if (*copy_cmd) return copy;
   if (*check_cmd) return CheckOptions{};

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <thread>
 
+#include "common/cli_error.h"
 #include "common/log.h"
 #include "common/read_file.h"
 #include "sam-node/config.h"
@@ -43,8 +44,8 @@ constexpr int kExitUsage = 2;
 // A platform token (a JWT) is a few KiB; anything much larger is not one.
 constexpr size_t kMaxTokenBytes = 64 << 10;
 
+// One JSON line, as sam-box's refusal to start is (a second, plain copy only repeated it).
 int fail(int code, const std::string& message) {
-  std::fprintf(stderr, "sam-node: %s\n", message.c_str());
   common::log::error("sam-node cannot start", {{"error", message}});
   return code;
 }
@@ -258,8 +259,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : kExitUsage;
+    return common::reportParseError(app, e, "sam-node", kExitUsage);
   }
   opts.jwt_path_given = jwt_path->count() > 0;
   if (opts.config.empty()) opts.config = opts.data_dir + "/sam-node.yaml";

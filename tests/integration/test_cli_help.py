@@ -45,6 +45,17 @@ def _options_without_default(h):
     return missing
 
 
+def test_a_misspelt_flag_or_command_is_named_in_the_refusal(prog):
+    """A typo is what the operator must read about, even where a required option is also
+    missing (CLI11 checks those first): one line that starts with the program's name and
+    names the word it did not take, exit 2."""
+    for args, word in ((("run", "--no-such-flag"), "--no-such-flag"), (("runn",), "runn")):
+        r = run(prog, *args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        first = r.stderr.splitlines()[0] if r.stderr else ""
+        assert first.startswith(f"{prog}: ") and word in first, (args, r.stderr)
+
+
 def test_every_subcommand_help_states_every_default(prog):
     paths = command_paths(prog)
     assert len(paths) > 1, f"{prog} --help lists no subcommand"
