@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "common/read_file.h"
 #include "policy/name.h"
@@ -34,7 +35,40 @@ std::string quote(std::string_view text) {
 }
 
 [[noreturn]] void fail(const std::string& field, const std::string& reason) {
-  throw ConfigError(field + ": " + reason);
+  throw ConfigError(field, reason);
+}
+
+// The node a field path ("services[1].target_url") names in `root`, or the deepest node of
+// the path that is there (the mapping a required key is missing from); `root` for "config".
+YAML::Node nodeAt(const YAML::Node& root, std::string_view path) {
+  YAML::Node node = root;
+  size_t i = 0;
+  while (i < path.size()) {
+    YAML::Node next;
+    if (path[i] == '[') {
+      const size_t close = path.find(']', i);
+      if (close == std::string_view::npos || !node.IsSequence()) break;
+      size_t index = 0;
+      const auto digits = path.substr(i + 1, close - i - 1);
+      if (std::from_chars(digits.data(), digits.data() + digits.size(), index).ec != std::errc{} ||
+          index >= node.size()) {
+        break;
+      }
+      next = std::as_const(node)[index];
+      i = close + 1;
+    } else {
+      if (path[i] == '.') ++i;
+      const size_t end = path.find_first_of(".[", i);
+      const std::string key(
+          path.substr(i, end == std::string_view::npos ? path.size() - i : end - i));
+      // Looked up through a const node: a non-const operator[] may add the key it is asked for.
+      if (!node.IsMap() || !std::as_const(node)[key]) break;
+      next = std::as_const(node)[key];
+      i = end == std::string_view::npos ? path.size() : end;
+    }
+    node.reset(next);
+  }
+  return node;
 }
 
 // Refuses keys outside `allowed` and duplicate keys (yaml-cpp keeps both pairs of a
@@ -396,6 +430,12 @@ Config parseConfig(std::string_view yaml) {
   }
   try {
     return parseRoot(root);
+  } catch (const ConfigError& e) {
+    if (e.field().empty() || e.field() == "config") throw;
+    const YAML::Mark mark = nodeAt(root, e.field()).Mark();
+    if (mark.is_null()) throw;
+    throw ConfigError(std::string(e.what()) + " (line " + std::to_string(mark.line + 1) +
+                      ", column " + std::to_string(mark.column + 1) + ")");
   } catch (const YAML::Exception& e) {
     // Accessors on a node of the wrong kind; our checks should have caught it first.
     throw ConfigError("config: " + std::string(e.what()));

@@ -15,11 +15,20 @@
 
 namespace samnode {
 
-/// A configuration the node refuses; what() is "<field path>: <reason>", e.g.
-/// "services[1].target_url: must be an http:// or https:// URL".
+/// A configuration the node refuses; what() is "<field path>: <reason>", then where in the
+/// file when parseConfig() can tell, e.g. "services[1].target_url: must be an http:// or
+/// https:// URL (line 7, column 17)".
 class ConfigError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  /// `field` is the path of the field at fault ("services[1].target_url"), kept for
+  /// parseConfig() to find its place in the file.
+  ConfigError(std::string field, const std::string& reason)
+      : std::runtime_error(field + ": " + reason), field_(std::move(field)) {}
+  [[nodiscard]] const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
 };
 
 enum class ServiceType { kOpenai, kMcp, kA2a };

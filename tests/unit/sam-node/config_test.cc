@@ -9,7 +9,9 @@
 namespace samnode {
 namespace {
 
+using ::testing::EndsWith;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 // The example of docs/sam-node.md, "Configuration".
@@ -207,6 +209,22 @@ TEST(ConfigTest, RefusalsNameTheField) {
     EXPECT_THAT(error, StartsWith(c.prefix));
     EXPECT_THAT(error, HasSubstr(c.detail));
   }
+}
+
+TEST(ConfigTest, RefusalsSayWhereInTheFile) {
+  // The field's own value, a key nobody knows, an element of a sequence, and a required key's
+  // mapping (the key is not there to point at).
+  EXPECT_THAT(refusal("version: v1\nservices:\n  - name: m\n    type: grpc\n"),
+              EndsWith("(line 4, column 11)"));
+  EXPECT_THAT(refusal("version: v1\nservices:\n  - name: m\n    type: openai\n"
+                      "    target_url: http://h\n    colour: red\n"),
+              EndsWith("services[0].colour: unknown key (line 6, column 13)"));
+  EXPECT_THAT(refusal("version: v1\nallow_destinations: [10.0.0.0/8, 127.0.0.0/33]\n"),
+              EndsWith("(line 2, column 34)"));
+  EXPECT_THAT(refusal("version: v1\nservices:\n  - name: m\n    type: openai\n"),
+              StartsWith("services[0].target_url: is required (line 3, column 5)"));
+  // A file that is no YAML mapping has no field to point at: said once, no place.
+  EXPECT_THAT(refusal(""), Not(HasSubstr("line")));
 }
 
 TEST(ConfigTest, AllowDestinationsTakesCidrsLikeSamBox) {
