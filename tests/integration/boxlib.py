@@ -5,6 +5,7 @@ Nothing here sends traffic anywhere but loopback, Unix sockets, or the namespace
 conftest.py creates.
 """
 
+import contextlib
 import ctypes
 import ctypes.util
 import datetime
@@ -737,6 +738,28 @@ class SidecarEcho:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+@contextlib.contextmanager
+def credentialed_runner_flags(tmp_path, issuer, sub, issuer_url=None):
+    """For compass-runner tests of seed 003 "Identity": a bundle (agent.id
+    verified.test.example, external_id sa:agents:verified), a token for `sub` minted by
+    `issuer` (oidc_issuer.TestIssuer, started) with audience "sam", and an echo server in
+    sam-node's place. Yields (the runner's flags, the echo server); the server stops on exit.
+    `issuer_url` replaces the issuer's own URL in --credential-issuer."""
+    bundle = pathlib.Path(tmp_path) / "bundle.yaml"
+    bundle.write_text("version: v1\nagent:\n  id: verified.test.example\n"
+                      "  external_id: sa:agents:verified\n")
+    token = pathlib.Path(tmp_path) / "token"
+    token.write_text(issuer.mint(sub=sub, aud="sam"))
+    node = SidecarEcho(pathlib.Path(tmp_path) / "node.sock")
+    try:
+        yield ["--bundle", str(bundle), "--sidecar-socket", node.path,
+               "--credential-issuer", issuer_url or issuer.issuer_url,
+               "--credential-audience", "sam", "--credential-path", str(token),
+               "--credential-ca", issuer.ca_path], node
+    finally:
+        node.stop()
 
 
 def error_text(stderr):

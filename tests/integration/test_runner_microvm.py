@@ -287,26 +287,16 @@ def test_rootfs_dir_and_bundle_allowlist(image, runner_hosts, tmp_path):
 
 
 def _credential_run(tmp_path, sub, *cmd):
-    """Runs CMD in a guest with --credential-issuer (a local HTTPS OIDC issuer) and a token
-    for `sub`; the bundle is agent.id verified.test.example, external_id sa:agents:verified,
-    and sam-node's place is taken by an echo server. Returns (result, the node's records)."""
+    """Runs CMD in a guest with a verified identity (boxlib.credentialed_runner_flags, against
+    a local HTTPS OIDC issuer). Returns (result, the node's records)."""
     import boxlib
     from oidc_issuer import TestIssuer
     issuer = TestIssuer(tmp_path / "oidc")
     issuer.start()
-    bundle = tmp_path / "bundle.yaml"
-    bundle.write_text("version: v1\nagent:\n  id: verified.test.example\n"
-                      "  external_id: sa:agents:verified\n")
-    token = tmp_path / "token"
-    token.write_text(issuer.mint(sub=sub, aud="sam"))
-    node = boxlib.SidecarEcho(tmp_path / "node.sock")
     try:
-        r = runner("run", *TCG, "--bundle", str(bundle), "--sidecar-socket", node.path,
-                   "--credential-issuer", issuer.issuer_url, "--credential-audience", "sam",
-                   "--credential-path", str(token), "--credential-ca", issuer.ca_path, "--",
-                   *cmd)
+        with boxlib.credentialed_runner_flags(tmp_path, issuer, sub) as (flags, node):
+            r = runner("run", *TCG, *flags, "--", *cmd)
     finally:
-        node.stop()
         issuer.stop()
     return r, node.records
 

@@ -567,23 +567,11 @@ def issuer(tmp_path_factory):
 
 
 def _credential_run(issuer, tmp_path, sub, *cmd, issuer_url=None):
-    """A bundle (agent.id verified.test.example, external_id sa:agents:verified), a token for
-    `sub` minted by `issuer`, sam-node's place taken by an echo server; runs CMD with
-    --credential-issuer `issuer_url` (default: the issuer's own)."""
+    """Runs CMD with a verified identity (boxlib.credentialed_runner_flags); returns (result,
+    the node's records)."""
     import boxlib
-    bundle = tmp_path / "bundle.yaml"
-    bundle.write_text("version: v1\nagent:\n  id: verified.test.example\n"
-                      "  external_id: sa:agents:verified\n")
-    token = tmp_path / "token"
-    token.write_text(issuer.mint(sub=sub, aud="sam"))
-    node = boxlib.SidecarEcho(tmp_path / "node.sock")
-    try:
-        r = run_agent_pid(*cmd, extra=(
-            "--bundle", str(bundle), "--sidecar-socket", node.path,
-            "--credential-issuer", issuer_url or issuer.issuer_url, "--credential-audience", "sam",
-            "--credential-path", str(token), "--credential-ca", issuer.ca_path))
-    finally:
-        node.stop()
+    with boxlib.credentialed_runner_flags(tmp_path, issuer, sub, issuer_url) as (flags, node):
+        r = run_agent_pid(*cmd, extra=flags)
     return r, node.records
 
 
