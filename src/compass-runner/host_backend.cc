@@ -361,7 +361,8 @@ class HostBackend final : public Backend {
       const std::string path = root + "/" + id;
       struct stat st {};
       if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
-      if (readRecord(path)) continue;  // has a record: gc reaps it by its record
+      // Has a record: gc reaps it by its record, or (unreadable) leaves it and says so.
+      if (hasRecordFile(path)) continue;
       // A runner creates its dir and then writes agent.json: a young dir without one may be
       // a runner starting right now.
       const auto mtime = std::chrono::system_clock::from_time_t(st.st_mtime);

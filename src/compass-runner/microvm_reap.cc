@@ -101,7 +101,7 @@ void reapOrphanGuests(const std::string& root, const std::vector<std::string>& l
   // As podman_reap.cc: a record is asked for after the listing, so a runner started since
   // `live_ids` was read (its agent.json comes before its QEMU and sam-box) is left alone.
   auto orphan = [&](const std::string& id) {
-    return !id.empty() && live.count(id) == 0 && !readRecord(root + "/" + id);
+    return !id.empty() && live.count(id) == 0 && !hasRecordFile(root + "/" + id);
   };
   std::set<std::string> dead;
   auto idUnderRoot = [&](const std::string& path) -> std::string {

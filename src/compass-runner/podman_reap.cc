@@ -41,10 +41,12 @@ void reapOrphanAgents(const std::string& conf, const std::vector<std::string>& l
   // started since wrote its agent.json before it made anything listed here. A record whose
   // runner is dead was reaped by gc through the record already.
   auto orphan = [&](const std::string& id) {
-    if (id.empty() || live.count(id) != 0 || readRecord(root + "/" + id)) return false;
+    if (id.empty() || live.count(id) != 0 || hasRecordFile(root + "/" + id)) return false;
     for (const auto& other : roots) {
       if (other == root) continue;
-      if (auto rec = readRecord(std::string(other).append("/").append(id))) {
+      const std::string dir = std::string(other).append("/").append(id);
+      if (!hasRecordFile(dir)) continue;
+      if (auto rec = readRecord(dir)) {
         if (!runnerAlive(*rec) && elsewhere.insert(id).second) {
           std::string text = "gc: agent ";
           text.append(id).append(" belongs to state root ").append(other);
@@ -52,8 +54,8 @@ void reapOrphanAgents(const std::string& conf, const std::vector<std::string>& l
           text.append(" compass-runner gc` to remove it");
           note(text);
         }
-        return false;
       }
+      return false;
     }
     return true;
   };

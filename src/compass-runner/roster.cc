@@ -377,7 +377,15 @@ int resizeAgent(const ResizeOptions& opts) {
 int collectGarbage() {
   int failures = 0;
   std::vector<std::string> live_ids;
-  const auto records = readRecords();
+  std::vector<std::string> unreadable;
+  const auto records = readRecords(&unreadable);
+  for (const auto& dir : unreadable) {
+    // Whether its runner lives cannot be told: left alone, whatever of it is running.
+    say("gc: " + dir +
+        "/agent.json cannot be read as an agent record; its agent is left "
+        "alone. Once you know it is not running, remove " +
+        dir + " and run gc again");
+  }
   for (const auto& rec : records) {
     if (runnerAlive(rec)) live_ids.push_back(rec.id);
   }

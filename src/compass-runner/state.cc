@@ -23,6 +23,10 @@ namespace {
 constexpr size_t kAgentIdHexDigits = 10;
 constexpr const char* kRecordFile = "agent.json";
 constexpr size_t kMaxRecordBytes = size_t{1} << 20;
+// The agent's command is in its record for the roster to show, not to run it again: at most
+// this many of its bytes are kept, so a record stays far below kMaxRecordBytes even when every
+// byte becomes a six-byte JSON escape (a record over the cap would read as no record at all).
+constexpr size_t kMaxRecordedCommandBytes = 8192;
 // A state dir deeper than this is not removed (each level holds a descriptor while it is
 // emptied); the error names the dir so an operator can remove it by hand.
 constexpr int kMaxRemoveDepth = 512;
@@ -174,6 +178,25 @@ std::string createStateDir(const std::string& root, const std::string& id) {
   return root + "/" + id;
 }
 
+std::vector<std::string> recordedCommand(const std::vector<std::string>& command) {
+  std::vector<std::string> kept;
+  size_t used = 0;
+  for (size_t i = 0; i < command.size(); ++i) {
+    const std::string& arg = command[i];
+    if (used + arg.size() <= kMaxRecordedCommandBytes) {
+      kept.push_back(arg);
+      used += arg.size();
+      continue;
+    }
+    size_t left = arg.size() - (kMaxRecordedCommandBytes - used);
+    for (size_t j = i + 1; j < command.size(); ++j) left += command[j].size();
+    kept.push_back(arg.substr(0, kMaxRecordedCommandBytes - used));
+    kept.push_back("[" + std::to_string(left) + " more bytes not recorded]");
+    break;
+  }
+  return kept;
+}
+
 std::string recordText(const AgentRecord& rec) {
   const nlohmann::json j = {
       {"id", rec.id},
@@ -191,9 +214,11 @@ std::string recordText(const AgentRecord& rec) {
       {"veth", rec.veth},
       {"sam_box_pid", rec.sam_box_pid},
       {"egress_armed_in_guest", rec.egress_armed_in_guest},
-      {"command", rec.command},
+      {"command", recordedCommand(rec.command)},
   };
-  return j.dump(2) + "\n";
+  // Bytes that are not UTF-8 (an argument is any bytes) become U+FFFD instead of an error
+  // that would stop the start: the command here is for reading.
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 AgentRecord parseRecord(std::string_view text) {
@@ -280,6 +305,11 @@ void writeFileAtomically(const std::string& path, std::string_view text, mode_t 
   }
 }
 
+bool hasRecordFile(const std::string& dir) {
+  struct stat st {};
+  return ::lstat((dir + "/" + kRecordFile).c_str(), &st) == 0;
+}
+
 std::optional<AgentRecord> readRecord(const std::string& dir) {
   const std::string text = readSmallFile(dir + "/" + kRecordFile, kMaxRecordBytes);
   if (text.empty()) return std::nullopt;
@@ -290,7 +320,7 @@ std::optional<AgentRecord> readRecord(const std::string& dir) {
   }
 }
 
-std::vector<AgentRecord> readRecords() {
+std::vector<AgentRecord> readRecords(std::vector<std::string>* unreadable) {
   std::vector<AgentRecord> out;
   std::vector<std::string> roots = {stateRoot("host"), stateRoot("podman")};
   if (roots[0] == roots[1]) roots.pop_back();
@@ -315,7 +345,12 @@ std::vector<AgentRecord> readRecords() {
       auto rec = readRecord(root + "/" + id);
       // Where a record lies is what it is: a host-tier agent can edit its own agent.json, so
       // its claims about its id, directory or tier are not taken from the file.
-      if (!rec || rec->id != id || (host_root && rec->tier != "host")) continue;
+      if (!rec || rec->id != id || (host_root && rec->tier != "host")) {
+        if (unreadable != nullptr && hasRecordFile(root + "/" + id)) {
+          unreadable->push_back(root + "/" + id);
+        }
+        continue;
+      }
       rec->state_dir = root + "/" + id;
       if (host_root) rec->metrics_addr.clear();  // the host tier has no sam-box to ask
       out.push_back(std::move(*rec));

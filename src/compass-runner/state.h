@@ -54,8 +54,10 @@ void writeRecord(const AgentRecord& rec);
 
 /// Every agent.json under every state root the caller can read, live or not. A record whose
 /// id is not its directory's name, or one under the host root that does not say tier "host",
-/// is skipped; state_dir is set to where the record was found, whatever the file says.
-std::vector<AgentRecord> readRecords();
+/// is skipped; state_dir is set to where the record was found, whatever the file says. The
+/// state dirs whose agent.json is there but skipped (unreadable, over 1 MiB, not a record, or
+/// one of those lies) are added to `*unreadable` when it is given.
+std::vector<AgentRecord> readRecords(std::vector<std::string>* unreadable = nullptr);
 
 /// True if the record's runner is still running (kill(pid, 0) and the same start time).
 bool runnerAlive(const AgentRecord& rec);
@@ -75,6 +77,14 @@ AgentRecord parseRecord(std::string_view text);
 
 /// Reads <dir>/agent.json; nullopt if it is missing or does not parse.
 std::optional<AgentRecord> readRecord(const std::string& dir);
+
+/// True if <dir>/agent.json exists, readable or not. gc asks this, not readRecord(), before it
+/// takes an agent for an orphan: an agent whose record cannot be read may still be running.
+bool hasRecordFile(const std::string& dir);
+
+/// The command as agent.json keeps it: whole arguments while they fit in 8 KiB, then the
+/// part of the next one that fits and "[N more bytes not recorded]".
+std::vector<std::string> recordedCommand(const std::vector<std::string>& command);
 
 /// Removes a state dir and everything in it. Never follows symlinks out of it.
 void removeStateDir(const std::string& dir);

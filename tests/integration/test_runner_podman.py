@@ -855,6 +855,37 @@ def test_gc_leaves_the_agents_of_another_state_root_alone(image, runner_hosts, t
         assert orphan.end() == []
 
 
+def test_a_long_command_or_an_unreadable_record_never_makes_a_live_agent_an_orphan(
+        image, runner_hosts):
+    """From a hostile review: a command whose record came to over 1 MiB of JSON (quotes
+    double) read as no record, so `agents` did not list the agent, `stop` did not know it,
+    and gc removed it as an orphan under its runner. The record now keeps 8 KiB of the
+    command (bytes that are not UTF-8 replaced, where they stopped the start); a record that
+    cannot be read at all makes gc leave its agent alone and say so."""
+    big = '"' * 120_000
+    # "\udcff" reaches the runner as the byte 0xff (surrogateescape): not UTF-8.
+    live = Live("sh", "-c", "sleep 8; echo survived", "\udcff", big, big, big, big, big)
+    try:
+        path = STATE_ROOT / live.id / "agent.json"
+        assert path.stat().st_size < 64 * 1024, path.stat().st_size
+        assert live.record["command"][-1].endswith("more bytes not recorded]"), \
+            live.record["command"][-1]
+        assert live.id in runner("agents").stdout
+        saved = path.read_bytes()
+        path.write_text("{ not a record")
+        try:
+            r = runner("gc")
+            assert r.returncode == 0, r.stderr
+            assert f"{live.id}/agent.json cannot be read" in r.stderr, r.stderr
+            assert "removed" not in r.stdout, r.stdout
+        finally:
+            path.write_bytes(saved)
+        code, out = live.wait(timeout=120)
+        assert code == 0 and "survived" in out, live.err
+    finally:
+        assert live.end() == []
+
+
 def test_gc_running_all_the_while_never_reaps_an_agent_that_is_starting(image, runner_hosts):
     """gc reads the records first and lists containers, netns and claims after (a podman ps
     in between): an agent whose runner started in that gap has a record but was not among the

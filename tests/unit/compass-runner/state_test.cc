@@ -250,6 +250,45 @@ TEST(RecordTest, ReadRecordsTrustsWhereARecordLiesNotWhatItSays) {
   EXPECT_EQ(found[0].state_dir, dir);
 }
 
+TEST(RecordTest, TheCommandIsKeptWithinItsBoundAndAnyBytesAreWritten) {
+  // A prompt in argv can be megabytes; a record over the 1 MiB read cap would read as none.
+  const std::vector<std::string> small = {"sh", "-c", "echo hi"};
+  EXPECT_EQ(recordedCommand(small), small);
+  const std::string quotes(120000, '"');
+  const std::vector<std::string> big = {"sh", "-c", "true", quotes, quotes};
+  const auto kept = recordedCommand(big);
+  ASSERT_EQ(kept.size(), 5U);             // sh, -c, true, 8 KiB of quotes, the note
+  EXPECT_EQ(kept[3].size(), 8192U - 8U);  // what "sh", "-c" and "true" left
+  EXPECT_EQ(kept[4], "[" + std::to_string(240000 - kept[3].size()) + " more bytes not recorded]");
+
+  TempDir tmp;
+  const std::string id = newAgentId();
+  const std::string dir = createStateDir(tmp.path() + "/root", id);
+  AgentRecord rec = sampleRecord(dir, id);
+  rec.command = {"printf", "\xff\xfe", std::string(2 << 20, '\x01')};  // not UTF-8; escapes
+  ASSERT_NO_THROW(writeRecord(rec));
+  EXPECT_LT(fs::file_size(dir + "/agent.json"), size_t{64} << 10);
+  const auto back = readRecord(dir);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->id, id);
+  EXPECT_EQ(back->command[1], "\xEF\xBF\xBD\xEF\xBF\xBD");  // U+FFFD twice
+}
+
+TEST(RecordTest, AnUnreadableRecordIsStillARecordForGc) {
+  TempDir tmp;
+  ScopedEnv env("TMPDIR", tmp.path().c_str());
+  const std::string root = stateRoot("host");
+  const std::string id = newAgentId();
+  const std::string dir = createStateDir(root, id);
+  EXPECT_FALSE(hasRecordFile(dir));
+  std::ofstream(dir + "/agent.json") << "{ not a record";
+  EXPECT_TRUE(hasRecordFile(dir));
+  EXPECT_FALSE(readRecord(dir).has_value());
+  std::vector<std::string> unreadable;
+  for (const auto& r : readRecords(&unreadable)) EXPECT_NE(r.id, id);
+  EXPECT_EQ(unreadable, std::vector<std::string>{dir});
+}
+
 TEST(RunnerAliveTest, ByPidAndStartTime) {
   AgentRecord rec = sampleRecord("/x", newAgentId());
   EXPECT_TRUE(runnerAlive(rec));
