@@ -4,6 +4,7 @@
 #include <exception>
 #include <variant>
 
+#include "common/log.h"
 #include "compass-runner/image.h"
 #include "compass-runner/options.h"
 #include "compass-runner/roster.h"
@@ -28,6 +29,8 @@ int buildImage(const runner::ImageBuildOptions& opts) {
 int main(int argc, char** argv) {
   // A reader that goes away (`compass-runner agents | head`) is not a reason to die.
   std::signal(SIGPIPE, SIG_IGN);
+  // The JSON lines of the firewall and its DNS forwarder name this program, not "compass".
+  common::log::init("compass-runner");
   auto command = runner::parseCommandLine(argc, argv);
   try {
     return std::visit(Overload{

@@ -118,7 +118,6 @@ int runAgent(const RunOptions& opts) {
   }
   const std::string tier(backend->name());
   const Posture posture = backend->posture(spec);
-  if (posture == Posture::kUnenforced) std::fputs(host::unenforcedBanner().c_str(), stderr);
 
   SignalWatcher watcher(*backend);
   AgentRecord rec;
@@ -132,6 +131,9 @@ int runAgent(const RunOptions& opts) {
     say(std::string("cannot start agent: ") + e.what());
     return kExitCannotStart;
   }
+  // Said before the agent can run, and only when it is about to: a start refused for its
+  // state directory warns about nothing.
+  if (posture == Posture::kUnenforced) std::fputs(host::unenforcedBanner().c_str(), stderr);
   rec.id = spec.id;
   rec.tier = tier;
   rec.posture = std::string(postureName(posture));

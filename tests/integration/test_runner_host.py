@@ -524,6 +524,8 @@ def test_state_root_shared_with_others_is_refused(tmp_nobody):
     r = host_run(["true"], tmp_nobody)
     assert r.returncode == 70
     assert "owned by uid 0" in r.stderr and "TMPDIR" in r.stderr
+    # No agent is about to run: no warning about one that would have had no egress control.
+    assert "NOT enforced" not in r.stderr, r.stderr
 
 
 def test_state_root_symlink_is_refused(tmp_nobody):
