@@ -86,7 +86,7 @@ void CredentialWatch::verifyInBackground(std::string token) {
   // detached so that a stopping sam-box never waits for the issuer. It posts its verdict
   // while the watch is alive; the handler checks again on the loop's thread.
   auto work = [this, shared = shared_, check = check_, helper = helper_, token]() mutable {
-    Verdict v = runVerifier(helper, check);
+    Verdict v = runVerifier(helper, check, token);
     const std::lock_guard lock(shared->mu);
     if (!shared->alive) return;
     asio::post(io_, [this, shared, v = std::move(v), token = std::move(token)]() mutable {

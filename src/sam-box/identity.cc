@@ -3,21 +3,14 @@
 #include "policy/oidc.h"
 #include "sam-box/limits.h"
 
-#include <optional>
 #include <utility>
 
 namespace sambox {
 
-policy::VerifiedClaims verifyIdentity(const IdentityCheck& check) {
-  const std::string& path = check.token_path;
-  std::string why;
-  std::optional<std::string> read = readTokenFile(path, &why);
-  if (!read)
-    throw policy::CredentialError("unreadable-token", "--credential-path " + path + ": " + why);
-  std::string token = std::move(*read);
+policy::VerifiedClaims verifyIdentity(const IdentityCheck& check, std::string token) {
   if (token.size() > kMaxTokenFileBytes) {
     throw policy::CredentialError("unreadable-token",
-                                  "--credential-path " + path + ": larger than " +
+                                  "--credential-path " + check.token_path + ": larger than " +
                                       std::to_string(kMaxTokenFileBytes) + " bytes");
   }
   const auto first = token.find_first_not_of(" \t\r\n");

@@ -9,11 +9,11 @@
 
 namespace sambox {
 
-/// Reads the token at check.token_path (≤ kMaxTokenFileBytes, surrounding whitespace
-/// trimmed), fetches the issuer's keys by OIDC discovery (trusting check.ca_file) and
-/// verifies the token against issuer, audience and the expected subject.
-/// Throws policy::CredentialError (reason "unreadable-token" if the file cannot be read, or
-/// one of verifyJwt()'s / fetchIssuerJwks()'s reasons).
-policy::VerifiedClaims verifyIdentity(const IdentityCheck& check);
+/// Verifies `token`, the bytes of the token file (≤ kMaxTokenFileBytes, surrounding
+/// whitespace trimmed here): fetches the issuer's keys by OIDC discovery (trusting
+/// check.ca_file) and checks the token against issuer, audience and the expected subject.
+/// Throws policy::CredentialError ("unreadable-token" if it is too large, or one of
+/// verifyJwt()'s / fetchIssuerJwks()'s reasons).
+policy::VerifiedClaims verifyIdentity(const IdentityCheck& check, std::string token);
 
 }  // namespace sambox

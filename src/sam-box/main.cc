@@ -85,10 +85,9 @@ int run(const sambox::Flags& flags) {
     check.token_path = flags.credential_path;
     check.ca_file = flags.credential_ca;
     check.expected_subject = config.bundle->external_id;
-    // Read before the helper reads it: if the file changes in between, the first recheck
-    // sees other bytes and verifies those too (credential_watch.h).
-    verified_token = sambox::readTokenFile(check.token_path).value_or(std::string());
-    verdict = sambox::runVerifier(verifier, check);
+    // The bytes read here are the ones verified (on the helper's stdin); a later change of
+    // the file is the recheck's (credential_watch.h).
+    verdict = sambox::verifyTokenFile(verifier, check, &verified_token);
     if (!verdict.ok) {
       fail("refusing to start: credential not accepted: " + verdict.detail, verdict.reason);
       return kExitIdentity;

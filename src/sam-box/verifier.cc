@@ -145,11 +145,24 @@ std::string verifierPath() {
   return self.substr(0, slash + 1) + kVerifierName;
 }
 
-Verdict runVerifier(const std::string& helper, const IdentityCheck& check,
+Verdict verifyTokenFile(const std::string& helper, const IdentityCheck& check, std::string* token) {
+  std::string why;
+  std::optional<std::string> read = readTokenFile(check.token_path, &why);
+  if (token != nullptr) *token = read.value_or(std::string());
+  if (!read)
+    return refused("unreadable-token", "--credential-path " + check.token_path + ": " + why);
+  return runVerifier(helper, check, *read);
+}
+
+Verdict runVerifier(const std::string& helper, const IdentityCheck& check, std::string_view token,
                     std::chrono::milliseconds timeout) {
   if (helper.empty() || helper.front() != '/') {
     return refused(kReasonVerifierUnavailable,
                    "cannot locate " + std::string(kVerifierName) + " next to sam-box");
+  }
+  if (token.size() > kMaxTokenFileBytes) {
+    return refused("unreadable-token", "--credential-path " + check.token_path + ": larger than " +
+                                           std::to_string(kMaxTokenFileBytes) + " bytes");
   }
   const auto deadline = Clock::now() + timeout;
   int fds[2];
@@ -158,11 +171,24 @@ Verdict runVerifier(const std::string& helper, const IdentityCheck& check,
   }
   common::UniqueFd out_r(fds[0]);
   common::UniqueFd out_w(fds[1]);
+  // The token goes in whole before the helper starts: at most kMaxTokenFileBytes, well inside
+  // a pipe's buffer (64 KiB, pipe(7)), so the write never waits for a reader.
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    return refused(kReasonVerifierUnavailable, std::string("pipe2: ") + std::strerror(errno));
+  }
+  common::UniqueFd in_r(fds[0]);
+  {
+    common::UniqueFd in_w(fds[1]);
+    if (!token.empty() &&
+        ::write(in_w.get(), token.data(), token.size()) != static_cast<ssize_t>(token.size())) {
+      return refused(kReasonVerifierUnavailable, std::string("writing the token to ") +
+                                                     kVerifierName + ": " + std::strerror(errno));
+    }
+  }
 
   std::vector<std::string> args = {
-      helper,         kArgIssuer,    check.issuer,          kArgAudience,
-      check.audience, kArgTokenPath, check.token_path,      kArgCaFile,
-      check.ca_file,  kArgSubject,   check.expected_subject};
+      helper, kArgIssuer, check.issuer,  kArgAudience, check.audience,        kArgTokenPath,
+      "-",    kArgCaFile, check.ca_file, kArgSubject,  check.expected_subject};
   std::vector<char*> argv;
   argv.reserve(args.size() + 1);
   for (auto& a : args) argv.push_back(a.data());
@@ -172,7 +198,7 @@ Verdict runVerifier(const std::string& helper, const IdentityCheck& check,
   posix_spawnattr_t attr;
   ::posix_spawn_file_actions_init(&actions);
   ::posix_spawnattr_init(&attr);
-  ::posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  ::posix_spawn_file_actions_adddup2(&actions, in_r.get(), STDIN_FILENO);
   ::posix_spawn_file_actions_adddup2(&actions, out_w.get(), STDOUT_FILENO);
   // Nothing else of sam-box's: asio's sockets (the agent's tunnels, the node's) are not
   // close-on-exec, and the helper parses what the network sends it.
@@ -190,6 +216,7 @@ Verdict runVerifier(const std::string& helper, const IdentityCheck& check,
   ::posix_spawn_file_actions_destroy(&actions);
   ::posix_spawnattr_destroy(&attr);
   out_w.reset();
+  in_r.reset();
   if (rc != 0) {
     return refused(kReasonVerifierUnavailable,
                    "cannot run the credential verifier " + helper + ": " + std::strerror(rc));

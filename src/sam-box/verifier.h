@@ -66,19 +66,29 @@ Verdict parseVerdict(std::string_view text);
 /// cannot be read.
 std::string verifierPath();
 
-/// Runs `helper` (an absolute path; no PATH search) with `check` as its arguments, reads its
-/// verdict from a pipe and reaps it. Returns an ok verdict only if the helper said ok and
-/// exited with status 0. A helper that cannot be started gives kReasonVerifierUnavailable,
-/// one that outlives `timeout` is killed and gives kReasonVerifierTimeout, one that crashes
-/// or writes no well-formed verdict gives kReasonVerifierFailed.
-Verdict runVerifier(const std::string& helper, const IdentityCheck& check,
+/// Runs `helper` (an absolute path; no PATH search) with `check` as its arguments and
+/// `token` (the token file's bytes, as readTokenFile() read them) on its stdin, its
+/// --token-path being "-": the token verified is the one the caller holds, whatever the file
+/// says by then. Reads the verdict from a pipe and reaps the helper. Returns an ok verdict
+/// only if the helper said ok and exited with status 0. A token over kMaxTokenFileBytes is
+/// refused "unreadable-token" without a helper; a helper that cannot be started gives
+/// kReasonVerifierUnavailable, one that outlives `timeout` is killed and gives
+/// kReasonVerifierTimeout, one that crashes or writes no well-formed verdict gives
+/// kReasonVerifierFailed.
+Verdict runVerifier(const std::string& helper, const IdentityCheck& check, std::string_view token,
                     std::chrono::milliseconds timeout = kVerifierTimeout);
+
+/// The token at check.token_path, read with readTokenFile() and verified by runVerifier();
+/// one that cannot be read is refused "unreadable-token" naming the file. `*token`, if given,
+/// receives the bytes verified (empty if none were read).
+Verdict verifyTokenFile(const std::string& helper, const IdentityCheck& check,
+                        std::string* token = nullptr);
 
 /// The helper's command line for `check` (argv[1..]), shared by runVerifier() and the
 /// helper's own parser so that the two cannot drift.
 inline constexpr const char* kArgIssuer = "--issuer";
 inline constexpr const char* kArgAudience = "--audience";
-inline constexpr const char* kArgTokenPath = "--token-path";
+inline constexpr const char* kArgTokenPath = "--token-path";  ///< "-": the token is on stdin
 inline constexpr const char* kArgCaFile = "--ca-file";
 inline constexpr const char* kArgSubject = "--subject";
 

@@ -31,10 +31,10 @@ class CredentialWatchTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::create_directories(dir_);
     // A stand-in for sam-box-verify: the token file holds "ok EXP" or "refuse REASON", and the
-    // helper answers accordingly (its arguments are those of verifier.h; $6 is the token path).
+    // helper answers accordingly (the token comes on its stdin, as verifier.h gives it).
     helper_ = (dir_ / "helper.sh").string();
     std::ofstream(helper_) << "#!/bin/sh\n"
-                              "read verdict value < \"$6\"\n"
+                              "read verdict value\n"
                               "if [ \"$verdict\" = ok ]; then\n"
                               "  echo '{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\","
                               "\"expires_at\":'\"$value\"'}'\n"

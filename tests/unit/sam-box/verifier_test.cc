@@ -79,6 +79,8 @@ TEST(VerifierPathTest, IsBesideThisExecutable) {
             std::filesystem::canonical("/proc/self/exe").parent_path());
 }
 
+constexpr std::string_view kToken = "eyJhbGciOiJSUzI1NiJ9.e30.c2ln\n";
+
 class RunVerifierTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -110,7 +112,7 @@ TEST_F(RunVerifierTest, OkVerdictAndStatusZeroVerifies) {
   const Verdict v = runVerifier(
       helper("echo '{\"verdict\":\"ok\",\"issuer\":\"https://issuer.test\",\"subject\":\"sub-1\","
              "\"expires_at\":1900000000}'"),
-      check_);
+      check_, kToken);
   EXPECT_TRUE(v.ok) << v.reason << ": " << v.detail;
   EXPECT_EQ(v.subject, "sub-1");
 }
@@ -120,11 +122,38 @@ TEST_F(RunVerifierTest, PassesTheCheckAsArguments) {
   const Verdict v = runVerifier(
       helper("printf '{\"verdict\":\"refused\",\"reason\":\"args\",\"detail\":\"%s\"}\\n' \"$*\"; "
              "exit 3"),
-      check_);
+      check_, kToken);
   EXPECT_EQ(v.reason, "args");
   EXPECT_EQ(v.detail,
-            "--issuer https://issuer.test --audience aud --token-path /tok --ca-file  "
+            "--issuer https://issuer.test --audience aud --token-path - --ca-file  "
             "--subject sub-1");
+}
+
+TEST_F(RunVerifierTest, TheTokenVerifiedIsTheOneGivenNotTheFilesLaterBytes) {
+  // The helper gets the bytes sam-box read on its stdin: a file changed meanwhile cannot make
+  // sam-box remember as verified a token that never was.
+  const Verdict v = runVerifier(
+      helper("printf '{\"verdict\":\"refused\",\"reason\":\"stdin\",\"detail\":\"%s\"}\\n' "
+             "\"$(cat)\"; exit 3"),
+      check_, kToken);
+  EXPECT_EQ(v.reason, "stdin");
+  EXPECT_EQ(v.detail + "\n", kToken);
+}
+
+TEST_F(RunVerifierTest, ATokenOverTheLimitIsRefusedWithoutAHelper) {
+  const std::string big(kMaxTokenFileBytes + 1, 'a');
+  const Verdict v = runVerifier(helper("touch " + (dir_ / "ran").string()), check_, big);
+  EXPECT_EQ(v.reason, "unreadable-token");
+  EXPECT_NE(v.detail.find("/tok"), std::string::npos) << v.detail;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "ran"));
+}
+
+TEST_F(RunVerifierTest, AnUnreadableTokenFileIsRefusedNamingIt) {
+  std::string read = "stale";
+  const Verdict v = verifyTokenFile(helper("exit 0"), check_, &read);
+  EXPECT_EQ(v.reason, "unreadable-token");
+  EXPECT_NE(v.detail.find("--credential-path /tok"), std::string::npos) << v.detail;
+  EXPECT_EQ(read, "");
 }
 
 TEST_F(RunVerifierTest, TheHelperInheritsNoDescriptorOfSamBox) {
@@ -135,7 +164,7 @@ TEST_F(RunVerifierTest, TheHelperInheritsNoDescriptorOfSamBox) {
   const Verdict v = runVerifier(
       helper("printf '{\"verdict\":\"refused\",\"reason\":\"fds\",\"detail\":\"%s\"}\\n' "
              "\"$(ls /proc/$$/fd | tr '\\n' ' ')\"; exit 3"),
-      check_);
+      check_, kToken);
   ::close(extra);
   ASSERT_EQ(v.reason, "fds");
   EXPECT_EQ((" " + v.detail).find(" " + std::to_string(extra) + " "), std::string::npos)
@@ -146,7 +175,7 @@ TEST_F(RunVerifierTest, RefusalCarriesTheHelpersReason) {
   const Verdict v = runVerifier(
       helper("echo '{\"verdict\":\"refused\",\"reason\":\"expired\",\"detail\":\"exp passed\"}'; "
              "exit 3"),
-      check_);
+      check_, kToken);
   EXPECT_FALSE(v.ok);
   EXPECT_EQ(v.reason, "expired");
   EXPECT_EQ(v.detail, "exp passed");
@@ -160,7 +189,7 @@ TEST_F(RunVerifierTest, OkVerdictWithAFailureStatusIsRefused) {
                 "echo '{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\",\"expires_at\":9}'; "
                 "exit ") +
             status),
-        check_);
+        check_, kToken);
     EXPECT_FALSE(v.ok) << status;
     EXPECT_EQ(v.reason, kReasonVerifierFailed) << status;
   }
@@ -168,35 +197,36 @@ TEST_F(RunVerifierTest, OkVerdictWithAFailureStatusIsRefused) {
 
 TEST_F(RunVerifierTest, RefusalWithStatusZeroIsStillRefused) {
   const Verdict v = runVerifier(
-      helper("echo '{\"verdict\":\"refused\",\"reason\":\"expired\",\"detail\":\"d\"}'"), check_);
+      helper("echo '{\"verdict\":\"refused\",\"reason\":\"expired\",\"detail\":\"d\"}'"), check_,
+      kToken);
   EXPECT_FALSE(v.ok);
   EXPECT_EQ(v.reason, kReasonVerifierFailed);
 }
 
 TEST_F(RunVerifierTest, NoVerdictIsRefused) {
-  EXPECT_EQ(runVerifier(helper("exit 0"), check_).reason, kReasonVerifierFailed);
-  EXPECT_EQ(runVerifier(helper("echo garbage"), check_).reason, kReasonVerifierFailed);
+  EXPECT_EQ(runVerifier(helper("exit 0"), check_, kToken).reason, kReasonVerifierFailed);
+  EXPECT_EQ(runVerifier(helper("echo garbage"), check_, kToken).reason, kReasonVerifierFailed);
 }
 
 TEST_F(RunVerifierTest, CrashIsRefused) {
   const Verdict v = runVerifier(
       helper("echo '{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\",\"expires_at\":9}'; "
              "kill -SEGV $$"),
-      check_);
+      check_, kToken);
   EXPECT_FALSE(v.ok);
   EXPECT_EQ(v.reason, kReasonVerifierFailed);
 }
 
 TEST_F(RunVerifierTest, MissingOrRelativeHelperIsUnavailable) {
-  EXPECT_EQ(runVerifier((dir_ / "no-such-helper").string(), check_).reason,
+  EXPECT_EQ(runVerifier((dir_ / "no-such-helper").string(), check_, kToken).reason,
             kReasonVerifierUnavailable);
-  EXPECT_EQ(runVerifier("sam-box-verify", check_).reason, kReasonVerifierUnavailable);
-  EXPECT_EQ(runVerifier("", check_).reason, kReasonVerifierUnavailable);
+  EXPECT_EQ(runVerifier("sam-box-verify", check_, kToken).reason, kReasonVerifierUnavailable);
+  EXPECT_EQ(runVerifier("", check_, kToken).reason, kReasonVerifierUnavailable);
 }
 
 TEST_F(RunVerifierTest, SlowHelperIsKilledAtTheDeadline) {
   const auto t0 = std::chrono::steady_clock::now();
-  const Verdict v = runVerifier(helper("exec sleep 30"), check_, milliseconds(300));
+  const Verdict v = runVerifier(helper("exec sleep 30"), check_, kToken, milliseconds(300));
   EXPECT_EQ(v.reason, kReasonVerifierTimeout);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 }
@@ -205,7 +235,7 @@ TEST_F(RunVerifierTest, HelperThatClosesStdoutButLingersIsKilled) {
   const Verdict v = runVerifier(
       helper("echo '{\"verdict\":\"ok\",\"issuer\":\"i\",\"subject\":\"s\",\"expires_at\":9}'; "
              "exec >&-; exec sleep 30"),
-      check_, milliseconds(300));
+      check_, kToken, milliseconds(300));
   EXPECT_FALSE(v.ok);
   EXPECT_EQ(v.reason, kReasonVerifierTimeout);
 }
