@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -136,6 +137,13 @@ std::string createStateDir(const std::string& root, const std::string& id) {
   if (root.empty() || root.front() != '/') {
     throw RunnerError("state root \"" + root + "\" is not an absolute path (TMPDIR and " +
                       "COMPASS_STATE_DIR must be absolute)");
+  }
+  // The root is one line of /run/compass-roots' records (state_roots.h) and of messages.
+  if (std::any_of(root.begin(), root.end(),
+                  [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
+    throw RunnerError(
+        "state root: TMPDIR and COMPASS_STATE_DIR must not hold control "
+        "characters (a newline, a tab, …)");
   }
   if (!isAgentId(id)) throw RunnerError("state dir: \"" + id + "\" is not an agent id");
   if (::mkdir(root.c_str(), 0700) != 0 && errno != EEXIST) {

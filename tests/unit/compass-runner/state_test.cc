@@ -161,6 +161,11 @@ TEST(CreateStateDirTest, RefusesRelativeRootsBadIdsAndMissingParents) {
   EXPECT_NE(createError(tmp.path() + "/missing/compass-host", newAgentId())
                 .find("cannot create state root"),
             std::string::npos);
+  // A newline would make the root two lines of /run/compass-roots (another root's gc would
+  // then not know this one's agents).
+  EXPECT_NE(createError(tmp.path() + "/a\n/b", newAgentId()).find("control characters"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(tmp.path() + "/a\n"));
 }
 
 AgentRecord sampleRecord(const std::string& dir, const std::string& id) {
