@@ -9,7 +9,14 @@ if(NOT EXISTS ${LWIP_DIR}/src/Filelists.cmake)
     "links lwIP statically from Debian's lwip source package: run `sudo scripts/install-deps` "
     "first, or pass -DLWIP_DIR=<an unpacked lwip 2.1.3 source tree>.")
 endif()
+# Filelists.cmake also looks for Doxygen to build lwIP's manual (an ALL target if found) and
+# says so when it is missing: neither is ours, so Doxygen is not looked for and its notice
+# not shown.
+set(CMAKE_DISABLE_FIND_PACKAGE_Doxygen TRUE)
+set(CMAKE_MESSAGE_LOG_LEVEL WARNING)
 include(${LWIP_DIR}/src/Filelists.cmake)
+unset(CMAKE_MESSAGE_LOG_LEVEL)
+unset(CMAKE_DISABLE_FIND_PACKAGE_Doxygen)
 
 # Our port: lwipopts.h, arch/cc.h (src/netstack/lwip) and sys_now() (netstack's sys_arch.cc).
 add_library(lwip_core STATIC ${lwipcore_SRCS} ${lwipcore4_SRCS} ${lwipcore6_SRCS})

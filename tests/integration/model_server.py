@@ -13,7 +13,8 @@ prefix ending in /v1, so that one server stands in for several services: /alt/v1
   the tool calls named in the script (`{"tool_calls": [{"name": "add", "arguments": {...}}]}`);
   once tool results follow the last user message, the answer is a final message whose content
   is `FINAL ` + JSON of the tool results the model saw (`[{"name", "content"}]`), so a test can
-  assert exactly what reached the model. Without script tool calls, the first turn is final.
+  assert exactly what reached the model. Without script tool calls, the first turn is final;
+  its content is the script's `"reply"` if it has one (the demo's readable answer).
   `"x_bench": {"chunks": N, "bytes": B}` in the body answers N content chunks of B bytes each
   (bench/sam_node_bench.py's streaming throughput); `"delay_ms": D` waits D ms before each.
 - `GET  /_records`: every chat request received so far, for assertions: `path`, `headers` (a
@@ -150,6 +151,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 for m in _after_last_user(messages) if m.get("role") == "tool"]
         calls = self.server.script.get("tool_calls") or []
         if seen or not calls:
+            reply = self.server.script.get("reply")
+            if reply and not seen:
+                return {"role": "assistant", "content": str(reply)}, "stop"
             return {"role": "assistant", "content": "FINAL " + json.dumps(seen)}, "stop"
         offered = [t.get("function", {}).get("name") for t in req.get("tools") or []]
         tool_calls = [{"id": f"call_{i}", "type": "function",
