@@ -131,6 +131,13 @@ int runAgent(const RunOptions& opts) {
     say(std::string("cannot start agent: ") + e.what());
     return kExitCannotStart;
   }
+  // The host tier's root goes with the last agent in it (state.h), whichever way this ends.
+  struct RootSweeper {
+    std::string root;
+    ~RootSweeper() {
+      if (!root.empty()) removeStateRootIfEmpty(root);
+    }
+  } const sweeper{tier == "host" ? stateRoot(tier) : std::string()};
   // Said before the agent can run, and only when it is about to: a start refused for its
   // state directory warns about nothing.
   if (posture == Posture::kUnenforced) std::fputs(host::unenforcedBanner().c_str(), stderr);

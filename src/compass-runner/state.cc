@@ -146,45 +146,55 @@ std::string createStateDir(const std::string& root, const std::string& id) {
         "characters (a newline, a tab, …)");
   }
   if (!isAgentId(id)) throw RunnerError("state dir: \"" + id + "\" is not an agent id");
-  if (::mkdir(root.c_str(), 0700) != 0 && errno != EEXIST) {
-    throw RunnerError("cannot create state root " + root + ": " + errnoText(errno));
-  }
-  // Checked on the opened directory, so the checks and the mkdirat() below are about the
-  // same object even if someone renames things in between.
-  common::UniqueFd fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd.valid()) {
-    struct stat lst {};
-    if (::lstat(root.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
-      throw RunnerError("state root " + root +
-                        " is a symlink; refusing it (someone else may control where it "
-                        "points). Set TMPDIR to a private directory");
+  // A root that vanished between the steps was removed as empty by the end of another run
+  // (removeStateRootIfEmpty): made again, a few times.
+  constexpr int kAttempts = 4;
+  for (int attempt = 1;; ++attempt) {
+    if (::mkdir(root.c_str(), 0700) != 0 && errno != EEXIST) {
+      throw RunnerError("cannot create state root " + root + ": " + errnoText(errno));
     }
-    if (::lstat(root.c_str(), &lst) == 0 && lst.st_uid != ::geteuid()) {
-      throw RunnerError("state root " + root + " is owned by uid " + std::to_string(lst.st_uid) +
+    // Checked on the opened directory, so the checks and the mkdirat() below are about the
+    // same object even if someone renames things in between.
+    common::UniqueFd fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd.valid()) {
+      const int err = errno;
+      if (err == ENOENT && attempt < kAttempts) continue;
+      struct stat lst {};
+      if (::lstat(root.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
+        throw RunnerError("state root " + root +
+                          " is a symlink; refusing it (someone else may control where it "
+                          "points). Set TMPDIR to a private directory");
+      }
+      if (::lstat(root.c_str(), &lst) == 0 && lst.st_uid != ::geteuid()) {
+        throw RunnerError("state root " + root + " is owned by uid " + std::to_string(lst.st_uid) +
+                          ", not by this runner (uid " + std::to_string(::geteuid()) +
+                          "); that root is shared, so set TMPDIR to a private directory");
+      }
+      throw RunnerError("state root " + root + ": " + errnoText(err));
+    }
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) throw RunnerError("state root " + root + ": fstat failed");
+    if (st.st_uid != ::geteuid()) {
+      throw RunnerError("state root " + root + " is owned by uid " + std::to_string(st.st_uid) +
                         ", not by this runner (uid " + std::to_string(::geteuid()) +
                         "); that root is shared, so set TMPDIR to a private directory");
     }
-    throw RunnerError("state root " + root + ": " + errnoText(errno));
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
+      throw RunnerError("state root " + root + " is group- or world-writable (mode " + mode +
+                        "); others could replace agents' state dirs. Use a private directory "
+                        "(chmod 700, or set TMPDIR to one)");
+    }
+    if (::mkdirat(fd.get(), id.c_str(), 0700) != 0) {
+      if (errno == ENOENT && attempt < kAttempts) continue;
+      throw RunnerError("cannot create state dir " + root + "/" + id + ": " + errnoText(errno));
+    }
+    return root + "/" + id;
   }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) throw RunnerError("state root " + root + ": fstat failed");
-  if (st.st_uid != ::geteuid()) {
-    throw RunnerError("state root " + root + " is owned by uid " + std::to_string(st.st_uid) +
-                      ", not by this runner (uid " + std::to_string(::geteuid()) +
-                      "); that root is shared, so set TMPDIR to a private directory");
-  }
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
-    throw RunnerError("state root " + root + " is group- or world-writable (mode " + mode +
-                      "); others could replace agents' state dirs. Use a private directory "
-                      "(chmod 700, or set TMPDIR to one)");
-  }
-  if (::mkdirat(fd.get(), id.c_str(), 0700) != 0) {
-    throw RunnerError("cannot create state dir " + root + "/" + id + ": " + errnoText(errno));
-  }
-  return root + "/" + id;
 }
+
+void removeStateRootIfEmpty(const std::string& root) noexcept { (void)::rmdir(root.c_str()); }
 
 std::vector<std::string> recordedCommand(const std::vector<std::string>& command) {
   std::vector<std::string> kept;

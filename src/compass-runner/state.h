@@ -49,6 +49,11 @@ std::string newAgentId();
 /// writable, or if <root>/<id> exists. Returns the path.
 std::string createStateDir(const std::string& root, const std::string& id);
 
+/// Removes the state root `root` if it is empty (rmdir(2); any failure, ENOTEMPTY first, is
+/// ignored). The host tier's root, $TMPDIR/compass-host, goes with its user's last agent: left
+/// behind in a shared /tmp, it would make every other user's host-tier start fail.
+void removeStateRootIfEmpty(const std::string& root) noexcept;
+
 /// Writes `rec` to <rec.state_dir>/agent.json atomically (temp file + rename), mode 0600.
 void writeRecord(const AgentRecord& rec);
 

@@ -528,6 +528,32 @@ def test_state_root_shared_with_others_is_refused(tmp_nobody):
     assert "NOT enforced" not in r.stderr, r.stderr
 
 
+def test_the_state_root_goes_with_the_last_agent_in_it(tmp_nobody):
+    """$TMPDIR/compass-host left behind in a shared /tmp, owned by its user, refuses every other
+    user's host-tier start (from a new-user trial): it is removed once empty, and kept while
+    another agent of the same user is in it."""
+    r = host_run(["true"], tmp_nobody)
+    assert r.returncode == 0, r.stderr
+    assert not state_root(tmp_nobody).exists()
+
+    long_lived = subprocess.Popen(
+        AS_NOBODY + [str(RUNNER), "run", "--backend", "host", "--", "sleep", "30"],
+        env=runner_env(tmp_nobody), cwd=tmp_nobody, stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while len(leftovers(tmp_nobody)) != 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(leftovers(tmp_nobody)) == 1
+        r = host_run(["true"], tmp_nobody)
+        assert r.returncode == 0, r.stderr
+        assert len(leftovers(tmp_nobody)) == 1, "the root went while an agent was in it"
+    finally:
+        long_lived.terminate()
+        long_lived.wait(timeout=30)
+    assert not state_root(tmp_nobody).exists()
+
+
 def test_state_root_symlink_is_refused(tmp_nobody):
     elsewhere = tmp_nobody / "elsewhere"
     elsewhere.mkdir()
