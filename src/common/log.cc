@@ -52,6 +52,8 @@ std::string timestamp() {
 
 }  // namespace
 
+void setProgram(std::string_view program) { g_program = std::string(program); }
+
 void init(std::string_view program, Level min_level) {
   g_program = std::string(program);
   g_min_level = min_level;

@@ -14,6 +14,11 @@ enum class Level { kDebug, kInfo, kWarn, kError };
 /// `min_level` filters lines below it. Safe to call more than once (the last call wins).
 void init(std::string_view program, Level min_level = Level::kInfo);
 
+/// Sets only the "program" field, leaving the logger to be made at the first line: for a
+/// short-lived program that may write none (compass-runner pays for every page it touches
+/// at start-up; bench/runner_bench.py).
+void setProgram(std::string_view program);
+
 /// Writes one JSON line: {"ts": RFC 3339 UTC with ms, "level", "program", "msg", ...fields}.
 /// `fields` must be a JSON object (or null); its keys are merged into the line.
 void write(Level level, std::string_view msg, const nlohmann::json& fields = nullptr);

@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   // A reader that goes away (`compass-runner agents | head`) is not a reason to die.
   std::signal(SIGPIPE, SIG_IGN);
   // The JSON lines of the firewall and its DNS forwarder name this program, not "compass".
-  common::log::init("compass-runner");
+  common::log::setProgram("compass-runner");
   auto command = runner::parseCommandLine(argc, argv);
   try {
     return std::visit(Overload{

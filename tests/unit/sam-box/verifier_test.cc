@@ -104,6 +104,13 @@ class RunVerifierTest : public ::testing::Test {
     return path.string();
   }
 
+  /// A fake helper that refuses with `reason`, its detail being what the shell words `what`
+  /// expand to (so a test reads what the helper was given).
+  std::string reporting(const std::string& reason, const std::string& what) {
+    return helper("printf '{\"verdict\":\"refused\",\"reason\":\"" + reason +
+                  "\",\"detail\":\"%s\"}\\n' " + what + "; exit 3");
+  }
+
   std::filesystem::path dir_;
   IdentityCheck check_;
 };
@@ -118,11 +125,7 @@ TEST_F(RunVerifierTest, OkVerdictAndStatusZeroVerifies) {
 }
 
 TEST_F(RunVerifierTest, PassesTheCheckAsArguments) {
-  // The helper echoes its argv back as the refusal detail.
-  const Verdict v = runVerifier(
-      helper("printf '{\"verdict\":\"refused\",\"reason\":\"args\",\"detail\":\"%s\"}\\n' \"$*\"; "
-             "exit 3"),
-      check_, kToken);
+  const Verdict v = runVerifier(reporting("args", "\"$*\""), check_, kToken);
   EXPECT_EQ(v.reason, "args");
   EXPECT_EQ(v.detail,
             "--issuer https://issuer.test --audience aud --token-path - --ca-file  "
@@ -132,10 +135,7 @@ TEST_F(RunVerifierTest, PassesTheCheckAsArguments) {
 TEST_F(RunVerifierTest, TheTokenVerifiedIsTheOneGivenNotTheFilesLaterBytes) {
   // The helper gets the bytes sam-box read on its stdin: a file changed meanwhile cannot make
   // sam-box remember as verified a token that never was.
-  const Verdict v = runVerifier(
-      helper("printf '{\"verdict\":\"refused\",\"reason\":\"stdin\",\"detail\":\"%s\"}\\n' "
-             "\"$(cat)\"; exit 3"),
-      check_, kToken);
+  const Verdict v = runVerifier(reporting("stdin", "\"$(cat)\""), check_, kToken);
   EXPECT_EQ(v.reason, "stdin");
   EXPECT_EQ(v.detail + "\n", kToken);
 }
@@ -161,10 +161,8 @@ TEST_F(RunVerifierTest, TheHelperInheritsNoDescriptorOfSamBox) {
   // must hold none of them.
   const int extra = ::fcntl(STDERR_FILENO, F_DUPFD, 200);  // no FD_CLOEXEC, as asio's sockets
   ASSERT_GE(extra, 200);
-  const Verdict v = runVerifier(
-      helper("printf '{\"verdict\":\"refused\",\"reason\":\"fds\",\"detail\":\"%s\"}\\n' "
-             "\"$(ls /proc/$$/fd | tr '\\n' ' ')\"; exit 3"),
-      check_, kToken);
+  const Verdict v =
+      runVerifier(reporting("fds", "\"$(ls /proc/$$/fd | tr '\\n' ' ')\""), check_, kToken);
   ::close(extra);
   ASSERT_EQ(v.reason, "fds");
   EXPECT_EQ((" " + v.detail).find(" " + std::to_string(extra) + " "), std::string::npos)
