@@ -587,13 +587,13 @@ def _fake_nft(tmp, name, on_ruleset):
     fake_dir.mkdir()
     fake = fake_dir / "nft"
     fake.write_text(f"""#!/bin/sh
-if [ "$1" = "-f" ]; then
+case " $* " in *" -f - "*)
   input=$(cat)
   case "$input" in
     *"table inet compass_egress"*"policy drop"*) {on_ruleset} ;;
   esac
-  printf '%s\\n' "$input" | exec {real} "$@"
-fi
+  printf '%s\\n' "$input" | exec {real} "$@" ;;
+esac
 exec {real} "$@"
 """)
     fake.chmod(0o755)
@@ -616,6 +616,23 @@ def test_podman_arming_failure_never_runs_the_agent(runner_hosts, tmp):
     assert "egress firewall: ruleset:" in r.stderr and "fake nft: refused" in r.stderr, r.stderr
     assert "closed before egress was armed" in r.stderr  # nano-init's gate said why
     assert _agent_traces() == before  # no container, netns, veth or host table left
+
+
+def test_podman_a_load_that_says_ok_but_loaded_nothing_never_runs_the_agent(runner_hosts, tmp):
+    # An `nft` that exits 0 having loaded nothing (as nft 1.0.6 does with -j and a piped
+    # ruleset): `verify` judges what the kernel echoed, so there is nothing to pass.
+    why = _podman_firewall_ready()
+    if why:
+        pytest.skip(why)
+    env = _fake_nft(tmp, "nft-silent", "exit 0")
+    before = _agent_traces()
+    r = subprocess.run(
+        _firewall_argv("sh", "-c", "echo AGENT-RAN", allow=[rh.ALLOWED]),
+        env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    assert r.returncode != 0, r
+    assert "AGENT-RAN" not in r.stdout + r.stderr
+    assert "egress firewall: verify:" in r.stderr and "policy drop" in r.stderr, r.stderr
+    assert _agent_traces() == before
 
 
 def test_podman_netns_has_no_way_out_until_its_ruleset_is_verified(runner_hosts, tmp):
