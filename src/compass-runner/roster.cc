@@ -381,10 +381,10 @@ int collectGarbage() {
   const auto records = readRecords(&unreadable);
   for (const auto& dir : unreadable) {
     // Whether its runner lives cannot be told: left alone, whatever of it is running.
-    say("gc: " + dir +
-        "/agent.json cannot be read as an agent record; its agent is left "
-        "alone. Once you know it is not running, remove " +
-        dir + " and run gc again");
+    std::string text = "gc: ";
+    text.append(dir).append("/agent.json cannot be read as an agent record; its agent is left ");
+    text.append("alone. Once you know it is not running, remove ").append(dir);
+    say(text.append(" and run gc again"));
   }
   for (const auto& rec : records) {
     if (runnerAlive(rec)) live_ids.push_back(rec.id);

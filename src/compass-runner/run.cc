@@ -140,7 +140,7 @@ int runAgent(const RunOptions& opts) {
   } const sweeper{tier == "host" ? stateRoot(tier) : std::string()};
   // Said before the agent can run, and only when it is about to: a start refused for its
   // state directory warns about nothing.
-  if (posture == Posture::kUnenforced) std::fputs(host::unenforcedBanner().c_str(), stderr);
+  if (posture == Posture::kUnenforced) (void)std::fputs(host::unenforcedBanner().c_str(), stderr);
   rec.id = spec.id;
   rec.tier = tier;
   rec.posture = std::string(postureName(posture));

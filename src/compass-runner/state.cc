@@ -181,16 +181,17 @@ std::string createStateDir(const std::string& root, const std::string& id) {
     }
     if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
       char mode[8];
-      std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
+      (void)std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
       throw RunnerError("state root " + root + " is group- or world-writable (mode " + mode +
                         "); others could replace agents' state dirs. Use a private directory "
                         "(chmod 700, or set TMPDIR to one)");
     }
     if (::mkdirat(fd.get(), id.c_str(), 0700) != 0) {
       if (errno == ENOENT && attempt < kAttempts) continue;
-      throw RunnerError("cannot create state dir " + root + "/" + id + ": " + errnoText(errno));
+      throw RunnerError("cannot create state dir " + std::string(root).append("/").append(id) +
+                        ": " + errnoText(errno));
     }
-    return root + "/" + id;
+    return std::string(root).append("/").append(id);
   }
 }
 
@@ -360,16 +361,15 @@ std::vector<AgentRecord> readRecords(std::vector<std::string>* unreadable) {
     ::closedir(dir);
     const bool host_root = root == roots.front();
     for (const auto& id : ids) {
-      auto rec = readRecord(root + "/" + id);
+      const std::string dir = std::string(root).append("/").append(id);
+      auto rec = readRecord(dir);
       // Where a record lies is what it is: a host-tier agent can edit its own agent.json, so
       // its claims about its id, directory or tier are not taken from the file.
       if (!rec || rec->id != id || (host_root && rec->tier != "host")) {
-        if (unreadable != nullptr && hasRecordFile(root + "/" + id)) {
-          unreadable->push_back(root + "/" + id);
-        }
+        if (unreadable != nullptr && hasRecordFile(dir)) unreadable->push_back(dir);
         continue;
       }
-      rec->state_dir = root + "/" + id;
+      rec->state_dir = dir;
       if (host_root) rec->metrics_addr.clear();  // the host tier has no sam-box to ask
       out.push_back(std::move(*rec));
     }
