@@ -600,39 +600,35 @@ exec {real} "$@"
     return dict(os.environ, PATH=f"{fake_dir}:{os.environ.get('PATH', '/usr/sbin:/usr/bin')}")
 
 
-def test_podman_arming_failure_never_runs_the_agent(runner_hosts, tmp):
-    # An `nft` that refuses the netns's ruleset: arming fails after podman has started the
-    # container, so the gate must close unopened.
+def _start_refused_by_arming(tmp, name, on_ruleset):
+    """Starts an agent under a fake `nft` (`_fake_nft`) whose arming must fail after podman has
+    started the container: the agent never runs and nothing is left. Returns the run."""
     why = _podman_firewall_ready()
     if why:
         pytest.skip(why)
-    env = _fake_nft(tmp, "nft-refuses", 'echo "fake nft: refused" >&2; exit 1')
+    env = _fake_nft(tmp, name, on_ruleset)
     before = _agent_traces()
     r = subprocess.run(
         _firewall_argv("sh", "-c", "echo AGENT-RAN", allow=[rh.ALLOWED]),
         env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
     assert r.returncode != 0, r
     assert "AGENT-RAN" not in r.stdout + r.stderr
+    assert _agent_traces() == before  # no container, netns, veth or host table left
+    return r
+
+
+def test_podman_arming_failure_never_runs_the_agent(runner_hosts, tmp):
+    # An `nft` that refuses the netns's ruleset: the gate must close unopened.
+    r = _start_refused_by_arming(tmp, "nft-refuses", 'echo "fake nft: refused" >&2; exit 1')
     assert "egress firewall: ruleset:" in r.stderr and "fake nft: refused" in r.stderr, r.stderr
     assert "closed before egress was armed" in r.stderr  # nano-init's gate said why
-    assert _agent_traces() == before  # no container, netns, veth or host table left
 
 
 def test_podman_a_load_that_says_ok_but_loaded_nothing_never_runs_the_agent(runner_hosts, tmp):
     # An `nft` that exits 0 having loaded nothing (as nft 1.0.6 does with -j and a piped
     # ruleset): `verify` judges what the kernel echoed, so there is nothing to pass.
-    why = _podman_firewall_ready()
-    if why:
-        pytest.skip(why)
-    env = _fake_nft(tmp, "nft-silent", "exit 0")
-    before = _agent_traces()
-    r = subprocess.run(
-        _firewall_argv("sh", "-c", "echo AGENT-RAN", allow=[rh.ALLOWED]),
-        env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
-    assert r.returncode != 0, r
-    assert "AGENT-RAN" not in r.stdout + r.stderr
+    r = _start_refused_by_arming(tmp, "nft-silent", "exit 0")
     assert "egress firewall: verify:" in r.stderr and "policy drop" in r.stderr, r.stderr
-    assert _agent_traces() == before
 
 
 def test_podman_netns_has_no_way_out_until_its_ruleset_is_verified(runner_hosts, tmp):
