@@ -380,7 +380,10 @@ class HostBackend final : public Backend {
         {"egress", "unenforced"},  {"agent_id", spec.agent_id},
         {"command", spec.command},
     };
-    writeReadOnly(config + "/spec.json", view.dump(2) + "\n");
+    // An argument is any bytes: what is not UTF-8 becomes U+FFFD in this view (it is for the
+    // agent to read), instead of a JSON error that stopped the start.
+    writeReadOnly(config + "/spec.json",
+                  view.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     if (!spec.bundle_path.empty()) {
       std::ifstream in(spec.bundle_path, std::ios::binary);
       if (!in) throw RunnerError("reading --bundle " + spec.bundle_path + ": " + errnoText());

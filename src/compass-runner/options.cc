@@ -1,5 +1,7 @@
 #include "compass-runner/options.h"
 
+#include "common/cli_error.h"
+
 #include <sys/sysinfo.h>
 #include <yaml-cpp/yaml.h>
 
@@ -467,11 +469,11 @@ Command parseCommandLine(int argc, const char* const* argv) {
   try {
     app.parse(parse_argc, argv);
   } catch (const CLI::ParseError& e) {
-    std::ostringstream out;
-    std::ostringstream err;
-    const int code = app.exit(e, out, err);
-    if (code == 0) return Exit{0, out.str()};
-    std::string msg = err.str();
+    // A misspelt flag or command is named even where a subcommand is missing too (cli_error.h).
+    const common::ParseErrorReport report =
+        common::describeParseError(app, e, "compass-runner", kExitUsage);
+    if (report.status == 0) return Exit{0, report.out};
+    std::string msg = report.err;
     // CLI11 words a repeated single-value flag as a count ("--egress: At Most 1 required but
     // received 2"): say what the operator did instead.
     static constexpr std::string_view kAtMost = ": At Most 1 required but received ";
@@ -480,7 +482,7 @@ Command parseCommandLine(int argc, const char* const* argv) {
       msg = msg.substr(0, at) + ": given more than once; give it once" +
             (eol == std::string::npos ? "\n" : msg.substr(eol));
     }
-    return Exit{kExitUsage, "compass-runner: " + msg + out.str()};
+    return Exit{kExitUsage, msg + report.out};
   }
   try {
     // A flag given with an empty value is a mistake, not a request for the default (only

@@ -312,8 +312,15 @@ int listAgents(const AgentsOptions& opts) {
   // A killed runner's agent is not listed (it has no runner to answer for it), but what it
   // left may still run: say so, on stderr, so that the table alone is never the whole story.
   std::vector<std::string> dead;
-  for (const auto& rec : readRecords()) {
+  std::vector<std::string> unreadable;
+  for (const auto& rec : readRecords(&unreadable)) {
     if (!runnerAlive(rec)) dead.push_back(rec.id);
+  }
+  for (const auto& dir : unreadable) {
+    // Its agent may be running: the table cannot say, so this line does.
+    std::string text = "agents: ";
+    text.append(dir).append("/agent.json cannot be read as an agent record; its agent, if it ");
+    say(text.append("runs, is not listed (gc leaves it alone)"));
   }
   if (!dead.empty()) {
     std::string ids;

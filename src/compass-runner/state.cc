@@ -28,6 +28,9 @@ constexpr size_t kMaxRecordBytes = size_t{1} << 20;
 // this many of its bytes are kept, so a record stays far below kMaxRecordBytes even when every
 // byte becomes a six-byte JSON escape (a record over the cap would read as no record at all).
 constexpr size_t kMaxRecordedCommandBytes = 8192;
+// What an argument costs beyond its bytes in the record (quotes, comma, newline, indent): a
+// command of many empty arguments is bounded too.
+constexpr size_t kRecordedArgumentCost = 8;
 // A state dir deeper than this is not removed (each level holds a descriptor while it is
 // emptied); the error names the dir so an operator can remove it by hand.
 constexpr int kMaxRemoveDepth = 512;
@@ -202,15 +205,18 @@ std::vector<std::string> recordedCommand(const std::vector<std::string>& command
   size_t used = 0;
   for (size_t i = 0; i < command.size(); ++i) {
     const std::string& arg = command[i];
-    if (used + arg.size() <= kMaxRecordedCommandBytes) {
+    if (used + kRecordedArgumentCost + arg.size() <= kMaxRecordedCommandBytes) {
       kept.push_back(arg);
-      used += arg.size();
+      used += kRecordedArgumentCost + arg.size();
       continue;
     }
-    size_t left = arg.size() - (kMaxRecordedCommandBytes - used);
-    for (size_t j = i + 1; j < command.size(); ++j) left += command[j].size();
-    kept.push_back(arg.substr(0, kMaxRecordedCommandBytes - used));
-    kept.push_back("[" + std::to_string(left) + " more bytes not recorded]");
+    const size_t room =
+        kMaxRecordedCommandBytes - std::min(kMaxRecordedCommandBytes, used + kRecordedArgumentCost);
+    size_t bytes_left = arg.size() - std::min(room, arg.size());
+    for (size_t j = i + 1; j < command.size(); ++j) bytes_left += command[j].size();
+    if (room > 0) kept.push_back(arg.substr(0, room));
+    kept.push_back("[" + std::to_string(command.size() - i - (room > 0 ? 1 : 0)) +
+                   " more arguments, " + std::to_string(bytes_left) + " more bytes not recorded]");
     break;
   }
   return kept;

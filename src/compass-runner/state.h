@@ -87,8 +87,10 @@ std::optional<AgentRecord> readRecord(const std::string& dir);
 /// takes an agent for an orphan: an agent whose record cannot be read may still be running.
 bool hasRecordFile(const std::string& dir);
 
-/// The command as agent.json keeps it: whole arguments while they fit in 8 KiB, then the
-/// part of the next one that fits and "[N more bytes not recorded]".
+/// The command as agent.json keeps it: whole arguments while they fit in 8 KiB (each counted
+/// with 8 bytes more, for its JSON), then the part of the next one that fits and "[N more
+/// arguments, M more bytes not recorded]" (N counts the cut argument only if none of it is
+/// kept).
 std::vector<std::string> recordedCommand(const std::vector<std::string>& command);
 
 /// Removes a state dir and everything in it. Never follows symlinks out of it.

@@ -167,6 +167,10 @@ int main(int argc, char** argv) {
   using namespace nanoinit;
   const Parsed parsed = parseCommandLine(argc, argv);
   if (const auto* exit = std::get_if<Exit>(&parsed)) {
+    // A refusal is one line that names the program (CLI11's own already does).
+    if (exit->exit_code != 0 && exit->message.rfind("nano-init: ", 0) != 0) {
+      (void)std::fputs("nano-init: ", stderr);
+    }
     (void)std::fputs(exit->message.c_str(), exit->exit_code == 0 ? stdout : stderr);
     return exit->exit_code;
   }

@@ -49,7 +49,8 @@ def test_a_misspelt_flag_or_command_is_named_in_the_refusal(prog):
     """A typo is what the operator must read about, even where a required option is also
     missing (CLI11 checks those first): one line that starts with the program's name and
     names the word it did not take, exit 2."""
-    for args, word in ((("run", "--no-such-flag"), "--no-such-flag"), (("runn",), "runn")):
+    for args, word in ((("run", "--no-such-flag"), "--no-such-flag"), (("runn",), "runn"),
+                       (("--no-such-flag",), "--no-such-flag")):
         r = run(prog, *args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         first = r.stderr.splitlines()[0] if r.stderr else ""

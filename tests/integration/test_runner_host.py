@@ -329,6 +329,14 @@ def test_banner_says_plainly_that_egress_is_not_enforced(tmp_nobody):
     assert r.stderr.index("egress is NOT enforced") < m.start()
 
 
+def test_an_argument_that_is_not_utf8_reaches_the_agent(tmp_nobody):
+    """An argument is any bytes (from a hostile review: the tier refused a start with a JSON
+    error, after its banner); the agent gets them as given."""
+    r = host_run(["sh", "-c", 'printf %s "$1" | od -An -tx1', "x", "\udcff\udcfe"], tmp_nobody)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ff", "fe"], r.stdout
+
+
 def test_missing_program_cannot_start(tmp_nobody):
     r = host_run(["no-such-agent-program"], tmp_nobody)
     assert r.returncode == 70, r.stderr

@@ -874,6 +874,8 @@ def test_a_long_command_or_an_unreadable_record_never_makes_a_live_agent_an_orph
         saved = path.read_bytes()
         path.write_text("{ not a record")
         try:
+            r = runner("agents")
+            assert f"{live.id}/agent.json cannot be read" in r.stderr, r.stderr
             r = runner("gc")
             assert r.returncode == 0, r.stderr
             assert f"{live.id}/agent.json cannot be read" in r.stderr, r.stderr

@@ -262,15 +262,23 @@ TEST(RecordTest, TheCommandIsKeptWithinItsBoundAndAnyBytesAreWritten) {
   const std::string quotes(120000, '"');
   const std::vector<std::string> big = {"sh", "-c", "true", quotes, quotes};
   const auto kept = recordedCommand(big);
-  ASSERT_EQ(kept.size(), 5U);             // sh, -c, true, 8 KiB of quotes, the note
-  EXPECT_EQ(kept[3].size(), 8192U - 8U);  // what "sh", "-c" and "true" left
-  EXPECT_EQ(kept[4], "[" + std::to_string(240000 - kept[3].size()) + " more bytes not recorded]");
+  ASSERT_EQ(kept.size(), 5U);  // sh, -c, true, what fits of the quotes, the note
+  EXPECT_EQ(kept[3].size(), 8192U - 4 * 8U - 8U);  // each argument costs 8 bytes more
+  EXPECT_EQ(kept[4], "[1 more arguments, " + std::to_string(240000 - kept[3].size()) +
+                         " more bytes not recorded]");
+  // Many empty arguments are bounded too (each is a few bytes of JSON).
+  const std::vector<std::string> empties(150000, "");
+  const auto few = recordedCommand(empties);
+  EXPECT_LE(few.size(), 8192U / 8U + 1U);
+  EXPECT_EQ(few.back(), "[" + std::to_string(150000 - (few.size() - 1)) +
+                            " more arguments, 0 more bytes not recorded]");
 
   TempDir tmp;
   const std::string id = newAgentId();
   const std::string dir = createStateDir(tmp.path() + "/root", id);
   AgentRecord rec = sampleRecord(dir, id);
   rec.command = {"printf", "\xff\xfe", std::string(2 << 20, '\x01')};  // not UTF-8; escapes
+  rec.command.resize(200000);                                          // and many arguments
   ASSERT_NO_THROW(writeRecord(rec));
   EXPECT_LT(fs::file_size(dir + "/agent.json"), size_t{64} << 10);
   const auto back = readRecord(dir);
