@@ -67,6 +67,25 @@ std::string showCommand(const std::vector<std::string>& command) {
       out += word;
       continue;
     }
+    // A control character (a newline, an escape) would draw a row of its own or drive the
+    // operator's terminal: such a word is shown as bash's $'…' with \xNN escapes.
+    if (std::any_of(word.begin(), word.end(),
+                    [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
+      out += "$'";
+      for (const char c : word) {
+        const auto u = static_cast<unsigned char>(c);
+        if (u < 0x20 || u == 0x7f) {
+          static constexpr char kHex[] = "0123456789abcdef";
+          out.append("\\x").push_back(kHex[u >> 4]);
+          out.push_back(kHex[u & 0xf]);
+        } else {
+          if (c == '\\' || c == '\'') out.push_back('\\');
+          out.push_back(c);
+        }
+      }
+      out += '\'';
+      continue;
+    }
     out += '\'';
     for (char c : word) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
     out += '\'';

@@ -432,6 +432,18 @@ def test_agents_lists_the_running_host_agent_as_unenforced(tmp_nobody, agents):
     assert row.endswith("sh -c 'sleep 1000'")
 
 
+def test_the_roster_shows_control_characters_escaped(tmp_nobody, agents):
+    """From a hostile review: a newline or an escape in the agent's command drew a fake row in
+    `agents` or drove the operator's terminal. Such a word is shown as $'…'."""
+    a = agents(["sh", "-c", "sleep 1000", "x", "a\nFAKE host unenforced\x1b[31m'\\"], tmp_nobody)
+    r = runner(["agents"], tmp_nobody)
+    assert r.returncode == 0
+    assert "\x1b" not in r.stdout
+    rows = [line for line in r.stdout.splitlines() if "FAKE" in line]
+    assert len(rows) == 1 and rows[0].startswith(a.id), r.stdout
+    assert rows[0].endswith("x $'a\\x0aFAKE host unenforced\\x1b[31m\\'\\\\'"), rows[0]
+
+
 def test_resize_is_refused_on_the_host_tier(tmp_nobody, agents):
     a = agents(["sleep", "1000"], tmp_nobody)
     r = runner(["resize", a.id, "--memory", "64m"], tmp_nobody)
