@@ -339,8 +339,11 @@ class HostBackend final : public Backend {
   }
 
   void reap(const AgentRecord& rec) override {
+    // The uid whose processes are signalled is the state dir's own owner: lstat, so a dir its
+    // user swapped for a symlink (to a dir of root's) names no one; and never uid 0, whom the
+    // tier refuses (gc runs as root to reap others' agents).
     struct stat st {};
-    if (::stat(rec.state_dir.c_str(), &st) == 0) {
+    if (::lstat(rec.state_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid != 0) {
       const int n = host::killAgentProcesses(rec.id, st.st_uid);
       if (n > 0) std::printf("killed %d leftover process(es) of agent %s\n", n, rec.id.c_str());
     }

@@ -418,7 +418,10 @@ void removeStateDir(const std::string& path) {
   const size_t slash = dir.find_last_of('/');
   const std::string parent = slash == 0 ? "/" : dir.substr(0, slash);
   const std::string name = dir.substr(slash + 1);
-  common::UniqueFd parent_fd(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  // The state root is never a symlink (createStateDir() refuses one): one swapped in since
+  // is not followed.
+  common::UniqueFd parent_fd(
+      ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!parent_fd.valid()) {
     if (errno == ENOENT) return;
     throw RunnerError("removing " + dir + ": " + errnoText(errno));

@@ -353,6 +353,18 @@ TEST(RemoveStateDirTest, RemovesEverythingButNeverFollowsSymlinks) {
   EXPECT_NO_THROW(removeStateDir(dir));
 }
 
+TEST(RemoveStateDirTest, AStateRootSwappedForASymlinkIsNotFollowed) {
+  // A user's own root replaced by a symlink between gc's reading and its removal: root's gc
+  // must not remove an entry of that name wherever the link points.
+  TempDir tmp;
+  const std::string elsewhere = tmp.path() + "/elsewhere";
+  const std::string id = newAgentId();
+  fs::create_directories(elsewhere + "/" + id);
+  fs::create_directory_symlink(elsewhere, tmp.path() + "/root");
+  EXPECT_THROW(removeStateDir(tmp.path() + "/root/" + id), RunnerError);
+  EXPECT_TRUE(fs::exists(elsewhere + "/" + id));
+}
+
 TEST(RemoveStateDirTest, RefusesNonsensePaths) {
   for (const char* bad : {"", "/", "relative/dir", "/tmp/..", "/tmp/."}) {
     EXPECT_THROW(removeStateDir(bad), RunnerError) << bad;
