@@ -650,12 +650,16 @@ def test_podman_netns_has_no_way_out_until_its_ruleset_is_verified(runner_hosts,
             timeout=30, what="the agent's netns")
         samples = 0
         while p.poll() is None:
+            # The link first, the table after: the runner loads the ruleset before it brings
+            # eth0 up, so a table still missing after the link was read means the link was
+            # read before the load (the other order raced the load and the link's set-up,
+            # which follow each other within a millisecond).
+            link = sh("ip", "-n", ns.name, "-o", "link", "show", "eth0", check=False).stdout
+            routes = sh("ip", "-n", ns.name, "route", "show", "default", check=False).stdout
             table = sh("ip", "netns", "exec", ns.name, "nft", "list", "table", "inet",
                        "compass_egress", check=False)
             if table.returncode == 0:
                 break  # armed: from here on eth0 may be up
-            link = sh("ip", "-n", ns.name, "-o", "link", "show", "eth0", check=False).stdout
-            routes = sh("ip", "-n", ns.name, "route", "show", "default", check=False).stdout
             assert not re.search(r"[<,]UP[,>]", link), link
             assert routes.strip() == "", routes
             samples += 1
