@@ -380,9 +380,10 @@ asio::awaitable<void> H2Session::streamMesh(H2Stream& s, FlowRecord& record) {
       // A request the node must not see: the identity lapsed (credential_watch.h), or the
       // stream is no HTTP/1.1 the rewriter can vouch for.
       asio::error_code write_ec;
-      MeshRefusal refusal = meshRefusal(server_.identity_lapsed_ && !chunk.empty(),
-                                        proto::RequestStreamRewriter::Status::kOk, rewriter);
-      if (refusal.status == 0) {
+      MeshRefusal refusal;
+      if (server_.identity_lapsed_ && !chunk.empty()) {
+        refusal = credentialExpiredRefusal();
+      } else {
         out.clear();
         const auto status = rewriter.feed(chunk, &out);
         if (!out.empty()) {
@@ -391,7 +392,7 @@ asio::awaitable<void> H2Session::streamMesh(H2Stream& s, FlowRecord& record) {
           if (!write_ec) record.bytes_up += out.size();
           s.last_activity = std::chrono::steady_clock::now();
         }
-        refusal = meshRefusal(false, status, rewriter);
+        refusal = rewriterRefusal(status, rewriter);
       }
       consumed(s, chunk.size());
       if (refusal.status != 0) {

@@ -316,10 +316,13 @@ asio::awaitable<void> Server::externalUdp(UnixSocket& agent, Flow& flow) {
   finish(flow);
 }
 
-MeshRefusal meshRefusal(bool identity_lapsed, proto::RequestStreamRewriter::Status status,
-                        const proto::RequestStreamRewriter& rewriter) {
+MeshRefusal credentialExpiredRefusal() {
+  return {403, kReasonCredentialExpired, "the credential expired"};
+}
+
+MeshRefusal rewriterRefusal(proto::RequestStreamRewriter::Status status,
+                            const proto::RequestStreamRewriter& rewriter) {
   using Status = proto::RequestStreamRewriter::Status;
-  if (identity_lapsed) return {403, kReasonCredentialExpired, "the credential expired"};
   if (status == Status::kTooLarge) return {431, kReasonHeaderTooLarge, rewriter.error()};
   if (status != Status::kOk) return {400, kReasonMalformed, rewriter.error()};
   return {};
@@ -370,16 +373,17 @@ asio::awaitable<void> Server::meshEntrypoint(UnixSocket& agent, Flow& flow) {
     for (;;) {
       // A request the node must not see: the identity lapsed (credential_watch.h), or the
       // stream is no HTTP/1.1 the rewriter can vouch for.
-      MeshRefusal refusal = meshRefusal(identity_lapsed_ && !pending.empty(),
-                                        proto::RequestStreamRewriter::Status::kOk, rewriter);
-      if (refusal.status == 0) {
+      MeshRefusal refusal;
+      if (identity_lapsed_ && !pending.empty()) {
+        refusal = credentialExpiredRefusal();
+      } else {
         out.clear();
         const auto status = rewriter.feed(pending, &out);
         if (!out.empty()) {
           co_await asio::async_write(node, asio::buffer(out), use_awaitable);
           flow.record.bytes_up += out.size();
         }
-        refusal = meshRefusal(false, status, rewriter);
+        refusal = rewriterRefusal(status, rewriter);
       }
       if (refusal.status != 0) {
         reportMeshRefusal(metrics_, config_.agentId(), refusal);

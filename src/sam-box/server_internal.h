@@ -60,11 +60,14 @@ struct MeshRefusal {
   std::string error;             ///< for the log line
 };
 
-/// 403 credential-expired while `identity_lapsed` (checked before a chunk is fed, so nothing
-/// of it reaches the node); else what `status`, the rewriter's answer to the chunk, means:
-/// 431 header-too-large, 400 malformed-request, or nothing.
-MeshRefusal meshRefusal(bool identity_lapsed, proto::RequestStreamRewriter::Status status,
-                        const proto::RequestStreamRewriter& rewriter);
+/// 403 credential-expired: the identity lapsed (asked before a chunk is fed, so nothing of it
+/// reaches the node).
+MeshRefusal credentialExpiredRefusal();
+
+/// What `status`, the rewriter's answer to a chunk, means: 431 header-too-large, 400
+/// malformed-request, or nothing (status 0).
+MeshRefusal rewriterRefusal(proto::RequestStreamRewriter::Status status,
+                            const proto::RequestStreamRewriter& rewriter);
 
 /// Logs `refusal` ("mesh request refused mid-stream", with agent and reason) and counts it in
 /// sam_box_refusals_total (and a too-large head in sam_box_limit_hits_total).
