@@ -9,9 +9,7 @@ namespace sambox {
 
 policy::VerifiedClaims verifyIdentity(const IdentityCheck& check, std::string token) {
   if (token.size() > kMaxTokenFileBytes) {
-    throw policy::CredentialError("unreadable-token",
-                                  "--credential-path " + check.token_path + ": larger than " +
-                                      std::to_string(kMaxTokenFileBytes) + " bytes");
+    throw policy::CredentialError(kReasonUnreadableToken, tokenTooLargeDetail(check.token_path));
   }
   const auto first = token.find_first_not_of(" \t\r\n");
   const auto last = token.find_last_not_of(" \t\r\n");

@@ -75,17 +75,33 @@ std::optional<std::string> readTokenFile(const std::string& path, std::string* w
   struct stat st {};
   if (!fd.valid() || ::fstat(fd.get(), &st) != 0) return failed(std::strerror(errno));
   if (!S_ISREG(st.st_mode)) return failed("not a regular file");
+  return readToken(fd.get(), why);
+}
+
+std::optional<std::string> readToken(int fd, std::string* why) {
   std::string text(kMaxTokenFileBytes + 1, '\0');
   size_t got = 0;
   while (got < text.size()) {
-    const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
+    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return failed(std::strerror(errno));
+    if (n < 0) {
+      if (why != nullptr) *why = std::strerror(errno);
+      return std::nullopt;
+    }
     if (n == 0) break;
     got += static_cast<size_t>(n);
   }
   text.resize(got);
   return text;
+}
+
+std::string unreadableTokenDetail(const std::string& path, const std::string& why) {
+  return "--credential-path " + path + ": " + why;
+}
+
+std::string tokenTooLargeDetail(const std::string& path) {
+  return unreadableTokenDetail(path,
+                               "larger than " + std::to_string(kMaxTokenFileBytes) + " bytes");
 }
 
 std::string verdictLine(const Verdict& v) {
@@ -149,8 +165,7 @@ Verdict verifyTokenFile(const std::string& helper, const IdentityCheck& check, s
   std::string why;
   std::optional<std::string> read = readTokenFile(check.token_path, &why);
   if (token != nullptr) *token = read.value_or(std::string());
-  if (!read)
-    return refused("unreadable-token", "--credential-path " + check.token_path + ": " + why);
+  if (!read) return refused(kReasonUnreadableToken, unreadableTokenDetail(check.token_path, why));
   return runVerifier(helper, check, *read);
 }
 
@@ -161,8 +176,7 @@ Verdict runVerifier(const std::string& helper, const IdentityCheck& check, std::
                    "cannot locate " + std::string(kVerifierName) + " next to sam-box");
   }
   if (token.size() > kMaxTokenFileBytes) {
-    return refused("unreadable-token", "--credential-path " + check.token_path + ": larger than " +
-                                           std::to_string(kMaxTokenFileBytes) + " bytes");
+    return refused(kReasonUnreadableToken, tokenTooLargeDetail(check.token_path));
   }
   const auto deadline = Clock::now() + timeout;
   int fds[2];

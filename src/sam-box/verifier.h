@@ -55,6 +55,19 @@ struct Verdict {
 /// if the file cannot be opened or read or is not a regular file.
 std::optional<std::string> readTokenFile(const std::string& path, std::string* why = nullptr);
 
+/// The bounded read readTokenFile() makes, from an open descriptor (sam-box-verify's stdin):
+/// at most kMaxTokenFileBytes + 1 bytes, up to end of file. std::nullopt, with `*why` (if
+/// given), on a read error.
+std::optional<std::string> readToken(int fd, std::string* why = nullptr);
+
+/// Refusal reason of a token that cannot be used as read (missing, not a regular file, over
+/// kMaxTokenFileBytes), and its detail: "--credential-path PATH: WHY".
+inline constexpr const char* kReasonUnreadableToken = "unreadable-token";
+std::string unreadableTokenDetail(const std::string& path, const std::string& why);
+
+/// unreadableTokenDetail() for a token over kMaxTokenFileBytes.
+std::string tokenTooLargeDetail(const std::string& path);
+
 /// One JSON line (with the trailing newline) carrying `v`.
 std::string verdictLine(const Verdict& v);
 

@@ -11,19 +11,15 @@
 
 #include "policy/jwt.h"
 #include "sam-box/identity.h"
-#include "sam-box/limits.h"
 #include "sam-box/verifier.h"
 
 #include <poll.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
-#include <array>
-#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <map>
 #include <optional>
@@ -46,24 +42,6 @@ int emit(const sambox::Verdict& v) {
   const bool written = std::fwrite(line.data(), 1, line.size(), stdout) == line.size();
   if (std::fflush(stdout) != 0 || !written) return kExitUsage;  // sam-box refuses: no verdict
   return v.ok ? 0 : sambox::kVerifierExitRefused;
-}
-
-// The token sam-box wrote to stdin: at most kMaxTokenFileBytes + 1 bytes (more is too large,
-// and verifyIdentity() says so).
-std::optional<std::string> readStdin(std::string* why) {
-  std::string token;
-  std::array<char, 4096> buf{};
-  while (token.size() <= sambox::kMaxTokenFileBytes) {
-    const ssize_t n = ::read(STDIN_FILENO, buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      *why = std::string("reading stdin: ") + std::strerror(errno);
-      return std::nullopt;
-    }
-    if (n == 0) break;
-    token.append(buf.data(), static_cast<size_t>(n));
-  }
-  return token;
 }
 
 }  // namespace
@@ -97,11 +75,12 @@ int main(int argc, char** argv) {
   sambox::Verdict v;
   try {
     std::string why;
-    const std::optional<std::string> token =
-        check.token_path == "-" ? readStdin(&why) : sambox::readTokenFile(check.token_path, &why);
+    const std::optional<std::string> token = check.token_path == "-"
+                                                 ? sambox::readToken(STDIN_FILENO, &why)
+                                                 : sambox::readTokenFile(check.token_path, &why);
     if (!token) {
-      throw policy::CredentialError("unreadable-token",
-                                    "--credential-path " + check.token_path + ": " + why);
+      throw policy::CredentialError(sambox::kReasonUnreadableToken,
+                                    sambox::unreadableTokenDetail(check.token_path, why));
     }
     const policy::VerifiedClaims claims = sambox::verifyIdentity(check, *token);
     v.ok = true;
