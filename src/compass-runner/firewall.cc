@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -428,6 +429,11 @@ class FirewallEgress final : public Egress {
   static void verify(const std::string& echoed) {
     const std::string table_line = "add table inet " + std::string(kEgressTable) + " # handle ";
     const std::string chain_prefix = "add chain inet " + std::string(kEgressTable) + " ";
+    const auto dropChain = [](const std::string& hook) {
+      return hook + " { type filter hook " + hook + " priority filter; policy drop; }";
+    };
+    const std::map<std::string, std::string> expected = {{"output", dropChain("output")},
+                                                         {"input", dropChain("input")}};
     bool table = false;
     std::set<std::string> dropping;
     std::istringstream lines(echoed);
@@ -436,9 +442,7 @@ class FirewallEgress final : public Egress {
       if (line.rfind(chain_prefix, 0) != 0 || line.find(" # handle ") == std::string::npos) {
         continue;
       }
-      for (const char* hook : {"output", "input"}) {
-        const std::string body =
-            std::string(hook) + " { type filter hook " + hook + " priority filter; policy drop; }";
+      for (const auto& [hook, body] : expected) {
         if (line.compare(chain_prefix.size(), body.size(), body) == 0) dropping.insert(hook);
       }
     }

@@ -69,12 +69,11 @@ std::string showCommand(const std::vector<std::string>& command) {
     }
     // A control character (a newline, an escape) would draw a row of its own or drive the
     // operator's terminal: such a word is shown as bash's $'…' with \xNN escapes.
-    if (std::any_of(word.begin(), word.end(),
-                    [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
+    if (std::any_of(word.begin(), word.end(), isControlByte)) {
       out += "$'";
       for (const char c : word) {
         const auto u = static_cast<unsigned char>(c);
-        if (u < 0x20 || u == 0x7f) {
+        if (isControlByte(c)) {
           static constexpr char kHex[] = "0123456789abcdef";
           out.append("\\x").push_back(kHex[u >> 4]);
           out.push_back(kHex[u & 0xf]);

@@ -142,8 +142,7 @@ std::string createStateDir(const std::string& root, const std::string& id) {
                       "COMPASS_STATE_DIR must be absolute)");
   }
   // The root is one line of /run/compass-roots' records (state_roots.h) and of messages.
-  if (std::any_of(root.begin(), root.end(),
-                  [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
+  if (std::any_of(root.begin(), root.end(), isControlByte)) {
     throw RunnerError(
         "state root: TMPDIR and COMPASS_STATE_DIR must not hold control "
         "characters (a newline, a tab, …)");
@@ -152,6 +151,11 @@ std::string createStateDir(const std::string& root, const std::string& id) {
   // A root that vanished between the steps was removed as empty by the end of another run
   // (removeStateRootIfEmpty): made again, a few times.
   constexpr int kAttempts = 4;
+  const auto notOurs = [&root](uid_t owner) {
+    throw RunnerError("state root " + root + " is owned by uid " + std::to_string(owner) +
+                      ", not by this runner (uid " + std::to_string(::geteuid()) +
+                      "); that root is shared, so set TMPDIR to a private directory");
+  };
   for (int attempt = 1;; ++attempt) {
     if (::mkdir(root.c_str(), 0700) != 0 && errno != EEXIST) {
       throw RunnerError("cannot create state root " + root + ": " + errnoText(errno));
@@ -168,20 +172,12 @@ std::string createStateDir(const std::string& root, const std::string& id) {
                           " is a symlink; refusing it (someone else may control where it "
                           "points). Set TMPDIR to a private directory");
       }
-      if (::lstat(root.c_str(), &lst) == 0 && lst.st_uid != ::geteuid()) {
-        throw RunnerError("state root " + root + " is owned by uid " + std::to_string(lst.st_uid) +
-                          ", not by this runner (uid " + std::to_string(::geteuid()) +
-                          "); that root is shared, so set TMPDIR to a private directory");
-      }
+      if (::lstat(root.c_str(), &lst) == 0 && lst.st_uid != ::geteuid()) notOurs(lst.st_uid);
       throw RunnerError("state root " + root + ": " + errnoText(err));
     }
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) throw RunnerError("state root " + root + ": fstat failed");
-    if (st.st_uid != ::geteuid()) {
-      throw RunnerError("state root " + root + " is owned by uid " + std::to_string(st.st_uid) +
-                        ", not by this runner (uid " + std::to_string(::geteuid()) +
-                        "); that root is shared, so set TMPDIR to a private directory");
-    }
+    if (st.st_uid != ::geteuid()) notOurs(st.st_uid);
     if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
       char mode[8];
       (void)std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);

@@ -67,6 +67,12 @@ std::vector<AgentRecord> readRecords(std::vector<std::string>* unreadable = null
 /// True if the record's runner is still running (kill(pid, 0) and the same start time).
 bool runnerAlive(const AgentRecord& rec);
 
+/// True for a C0 control byte or DEL (0x00–0x1f, 0x7f): what a line of a record file or of
+/// the roster must not hold.
+constexpr bool isControlByte(char c) {
+  return static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) == 0x7f;
+}
+
 /// True if `id` has the shape newAgentId() makes ("a" + 10 lower-case hex digits).
 bool isAgentId(std::string_view id);
 
