@@ -94,14 +94,30 @@ namespace {
 
 // Where CMD starts: in `nano-init run [OPTIONS] BOUNDARY CMD…` after the first word that is not
 // an option or an option's value; in `nano-init supervise [OPTIONS] CMD…` at that word. A `--`
-// ends the options, so a CMD that begins with "-" is still the agent's. CLI11
+// ends the options, so a CMD that begins with "-" is still the agent's; in run, one `--` right
+// after BOUNDARY (`run SOCKET -- CMD…`, as operators write for compass-runner) is a separator
+// too, never the command. CLI11
 // sees only the words before it: its prefix_command() still takes known options found after a
 // positional, so `run BOUNDARY --help` would print nano-init's help instead of running the
 // agent's `--help`.
-int commandStart(int argc, const char* const* argv) {
-  if (argc < 2) return argc;
+struct Split {
+  int parsed_end;  // CLI11 parses argv[0, parsed_end)
+  int cmd_start;   // CMD is argv[cmd_start, argc)
+};
+
+// run: CMD starts after BOUNDARY at argv[boundary], and after one `--` that follows it (which
+// CLI11 does not see: after its own `--` it would count a second one as a positional).
+Split afterBoundary(int argc, const char* const* argv, int boundary) {
+  if (boundary >= argc) return {argc, argc};
+  const int next = boundary + 1;
+  if (next < argc && std::string_view(argv[next]) == "--") return {next, next + 1};
+  return {next, next};
+}
+
+Split commandStart(int argc, const char* const* argv) {
+  if (argc < 2) return {argc, argc};
   const std::string_view sub = argv[1];
-  if (sub != "run" && sub != "supervise") return argc;
+  if (sub != "run" && sub != "supervise") return {argc, argc};
   for (int i = 2; i < argc; ++i) {
     const std::string_view word = argv[i];
     if (word == "--user" || word == "--gate-fd" || (sub == "run" && word == "--ingress-socket")) {
@@ -109,13 +125,14 @@ int commandStart(int argc, const char* const* argv) {
       continue;
     }
     if (word == "--") {  // the end of our options: BOUNDARY (run) or CMD (supervise) follows
-      return sub == "run" ? std::min(i + 2, argc) : i + 1;
+      if (sub == "supervise") return {i + 1, i + 1};
+      return afterBoundary(argc, argv, i + 1);
     }
     if (word.starts_with("-")) continue;  // a flag, or --option=value
     // run: argv[i] is BOUNDARY; supervise: argv[i] is CMD.
-    return sub == "run" ? i + 1 : i;
+    return sub == "run" ? afterBoundary(argc, argv, i) : Split{i, i};
   }
-  return argc;
+  return {argc, argc};
 }
 
 // --user UID:GID (run and supervise): decimal, each < 4294967295 (that is (uid_t)-1, "no
@@ -184,7 +201,8 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
       ->add_option("boundary", run.boundary,
                    "sam-box: a Unix socket path, vsock://CID:PORT, h2+unix://PATH or h2+dev://PATH")
       ->required();
-  run_cmd->footer("CMD [ARGS…] follow BOUNDARY; everything after BOUNDARY is passed through.");
+  run_cmd->footer(
+      "CMD [ARGS…] follow BOUNDARY (after an optional --); everything after is passed through.");
 
   SuperviseOptions supervise;
   auto* supervise_cmd = app.add_subcommand(
@@ -214,9 +232,9 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
   auto* check_cmd = app.add_subcommand(
       "check", "Say whether this process is inside a nano-init sandbox (exit 0) or not (exit 1)");
 
-  const int cmd_start = commandStart(argc, argv);
+  const auto [parsed_end, cmd_start] = commandStart(argc, argv);
   try {
-    app.parse(cmd_start, argv);
+    app.parse(parsed_end, argv);
   } catch (const CLI::ParseError& e) {
     // --help/--version exit 0; every usage error is 2, whatever CLI11's own code for it.
     const common::ParseErrorReport r = common::describeParseError(app, e, "nano-init", 2);

@@ -264,6 +264,22 @@ TEST(OptionsTest, DoubleDashEndsOurOptionsSoACommandMayBeginWithADash) {
   ASSERT_NE(run, nullptr);
   EXPECT_EQ(run->boundary, "/run/sam/agent.sock");
   EXPECT_EQ(run->command, (std::vector<std::string>{"--help"}));
+  // One `--` between BOUNDARY and CMD separates them (as for compass-runner); a second is CMD's.
+  for (auto args : {std::vector<const char*>{"run", "/run/sam/agent.sock", "--", "id", "-u"},
+                    std::vector<const char*>{"run", "--", "/run/sam/agent.sock", "--", "id", "-u"},
+                    std::vector<const char*>{"run", "--user", "1:1", "/s", "--", "id", "-u"}}) {
+    p = parse(args);
+    run = std::get_if<RunOptions>(&p);
+    ASSERT_NE(run, nullptr) << args.size();
+    EXPECT_EQ(run->command, (std::vector<std::string>{"id", "-u"})) << args.size();
+  }
+  p = parse({"run", "/s", "--", "--", "x"});
+  run = std::get_if<RunOptions>(&p);
+  ASSERT_NE(run, nullptr);
+  EXPECT_EQ(run->command, (std::vector<std::string>{"--", "x"}));
+  p = parse({"run", "/s", "--"});  // a separator and nothing after it: no CMD
+  ASSERT_NE(std::get_if<Exit>(&p), nullptr);
+  EXPECT_EQ(std::get<Exit>(p).exit_code, 2);
   p = parse({"supervise", "--"});  // nothing after it: still no CMD
   ASSERT_NE(std::get_if<Exit>(&p), nullptr);
   EXPECT_EQ(std::get<Exit>(p).exit_code, 2);
