@@ -12,6 +12,7 @@
 #include <asio/detached.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/redirect_error.hpp>
+#include <asio/this_coro.hpp>
 #include <asio/write.hpp>
 
 #include <algorithm>
@@ -110,6 +111,7 @@ asio::awaitable<void> H2Session::run(std::string received) {
   dead_ = true;
   auto streams = std::move(streams_);
   streams_.clear();
+  for (size_t i = 0; i < streams.size(); ++i) streamGone();
   for (auto& [id, s] : streams) {
     s->closed = true;
     s->in_signal.cancel();
@@ -120,13 +122,39 @@ asio::awaitable<void> H2Session::run(std::string received) {
   agent_.close(ignored);
 }
 
+void H2Session::streamGone() {
+  --server_.h2_streams_;
+  if (server_.h2_waiting_ > 0 && server_.h2_streams_ < kMaxH2Streams) server_.h2_room_.cancel();
+}
+
+asio::awaitable<void> H2Session::roomForStreams() {
+  while (server_.h2_streams_ >= kMaxH2Streams && !dead_) {
+    ++server_.h2_waiting_;
+    paused_ = true;
+    asio::error_code ec;
+    co_await server_.h2_room_.async_wait(asio::redirect_error(use_awaitable, ec));
+    --server_.h2_waiting_;
+    paused_ = false;
+    last_read_ = std::chrono::steady_clock::now();  // silence while paused was ours
+    // h2_room_.cancel() is the wake-up; a cancelled coroutine (the connection ended) returns.
+    const auto state = co_await asio::this_coro::cancellation_state;
+    if (state.cancelled() != asio::cancellation_type::none) co_return;
+  }
+}
+
 asio::awaitable<void> H2Session::readLoop(std::string received) {
   std::array<uint8_t, kReadBufferBytes> buf{};
   std::string_view pending = received;
   for (;;) {
-    if (!pending.empty() && !protocol_error_counted_) {
+    // Fed in pieces, each only while there is room for more streams (kMaxH2Streams): one
+    // read's worth of 9-byte HEADERS frames would otherwise open 1,800 at once.
+    while (!pending.empty() && !protocol_error_counted_) {
+      co_await roomForStreams();
+      if (dead_) co_return;
+      const size_t piece = std::min(pending.size(), kH2RecvChunkBytes);
       const auto rv = nghttp2_session_mem_recv(
-          session_, reinterpret_cast<const uint8_t*>(pending.data()), pending.size());
+          session_, reinterpret_cast<const uint8_t*>(pending.data()), piece);
+      pending.remove_prefix(piece);
       if (rv < 0) {
         protocolError(nghttp2_strerror(static_cast<int>(rv)));
         nghttp2_session_terminate_session(session_, NGHTTP2_PROTOCOL_ERROR);
@@ -150,17 +178,27 @@ asio::awaitable<void> H2Session::idleConnection() {
   // Like an HTTP/1.1 tunnel, a connection with nothing on it may not hold its place (and its
   // file descriptor) forever.
   asio::steady_timer timer(agent_.get_executor());
+  bool head_timed_out = false;
   for (;;) {
     timer.expires_after(kIdleCheckInterval);
     asio::error_code ec;
     co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
     if (ec) co_return;
-    if (streams_.empty() && std::chrono::steady_clock::now() - last_read_ >= kTcpIdleTimeout) {
+    const auto silent = std::chrono::steady_clock::now() - last_read_;
+    if (streams_.empty() && silent >= kTcpIdleTimeout) break;
+    // A header block that was begun and never ended (HEADERS without END_HEADERS, then
+    // nothing) holds its stream, which no route serves yet: the request head's own limit.
+    if (silent >= kHeadReadTimeout && !paused_ &&
+        std::any_of(streams_.begin(), streams_.end(),
+                    [](const auto& s) { return !s.second->served; })) {
+      head_timed_out = true;
       break;
     }
   }
-  server_.metrics_.limitHit(kLimitTcpIdleTimeout);
-  common::log::info("h2 connection idle: GOAWAY", {{"agent", server_.config_.agentId()}});
+  server_.metrics_.limitHit(head_timed_out ? kLimitHeadReadTimeout : kLimitTcpIdleTimeout);
+  common::log::info(
+      head_timed_out ? "h2 header block not finished: GOAWAY" : "h2 connection idle: GOAWAY",
+      {{"agent", server_.config_.agentId()}});
   nghttp2_session_terminate_session(session_, NGHTTP2_NO_ERROR);
   kick();
   // The writer ends the connection once the GOAWAY is out.
@@ -213,8 +251,9 @@ int H2Session::onBeginHeaders(nghttp2_session* /*session*/, const nghttp2_frame*
                               void* self) {
   if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
   H2Session& h = sessionOf(self);
-  h.streams_[frame->hd.stream_id] =
-      std::make_shared<H2Stream>(h.agent_.get_executor(), frame->hd.stream_id);
+  auto& slot = h.streams_[frame->hd.stream_id];
+  if (!slot) ++h.server_.h2_streams_;
+  slot = std::make_shared<H2Stream>(h.agent_.get_executor(), frame->hd.stream_id);
   return 0;
 }
 
@@ -267,6 +306,7 @@ int H2Session::onFrameRecv(nghttp2_session* /*session*/, const nghttp2_frame* fr
     s->in_signal.cancel();
   }
   if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
+    s->served = true;
     asio::co_spawn(h.agent_.get_executor(), h.serveStream(s), asio::detached);
   }
   return 0;
@@ -310,6 +350,7 @@ int H2Session::onStreamClose(nghttp2_session* session, int32_t stream_id, uint32
   if (it == h.streams_.end()) return 0;
   auto s = it->second;
   h.streams_.erase(it);
+  h.streamGone();
   s->closed = true;
   if (!s->in.empty()) nghttp2_session_consume_connection(session, s->in.size());
   s->in.clear();

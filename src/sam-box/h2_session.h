@@ -19,7 +19,10 @@
 // the agent. Streams count against kMaxConcurrentFlows like HTTP/1.1 tunnels (503
 // too-many-flows), and so does the connection itself (it was accepted as one);
 // SETTINGS_MAX_CONCURRENT_STREAMS advertises the same cap. A connection with no stream and
-// no byte from the agent for kTcpIdleTimeout is ended with GOAWAY NO_ERROR.
+// no byte from the agent for kTcpIdleTimeout is ended with GOAWAY NO_ERROR. A refused stream
+// lives until its response is written, so streams alive over all connections are capped too
+// (kMaxH2Streams): past it no connection reads its agent until some close. A header block
+// begun and not finished within kHeadReadTimeout ends the connection (head-read-timeout).
 
 #include "sam-box/flow.h"
 #include "sam-box/open_flows.h"
@@ -79,6 +82,7 @@ struct H2Stream {
   bool closed = false;    ///< nghttp2 closed the stream (both ends done, RST, or connection end)
   bool finished = false;  ///< the route is done: DATA from now on is credited and dropped
   bool rst_after_end = false;     ///< refused: RST_STREAM NO_ERROR once our END_STREAM is sent
+  bool served = false;            ///< its header block ended and its route was started
   asio::steady_timer in_signal;   ///< cancelled when `in` grows or the stream ends
   asio::steady_timer out_signal;  ///< cancelled when `out` drains or the stream ends
   std::function<void()> cancel;   ///< closes the route's upstream socket(s)
@@ -124,6 +128,11 @@ class H2Session : public std::enable_shared_from_this<H2Session> {
   asio::awaitable<void> idleConnection();
   /// Wakes the writer: nghttp2 has frames to send.
   void kick();
+  /// A stream left streams_: counts it out of Server::h2_streams_ and wakes connections
+  /// waiting for room.
+  void streamGone();
+  /// Returns once Server::h2_streams_ is below kMaxH2Streams (or the connection is dead).
+  asio::awaitable<void> roomForStreams();
   /// Logs and counts a connection-level protocol error once, as a malformed flow.
   void protocolError(const std::string& detail);
   std::shared_ptr<H2Stream> find(int32_t id);
@@ -177,6 +186,7 @@ class H2Session : public std::enable_shared_from_this<H2Session> {
   std::string last_error_;  ///< nghttp2's words for the last error, for the log
   std::chrono::steady_clock::time_point last_read_ = std::chrono::steady_clock::now();
   bool stopped_ = false;  ///< the boundary's stop closed the connection
+  bool paused_ = false;   ///< not reading the agent: no room for more streams (kMaxH2Streams)
   /// Held as long as the session (every stream's route holds it): Server::stop() closes the
   /// connection, which ends every stream, each with its flow line.
   OpenFlows::Entry open_;

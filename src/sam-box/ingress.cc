@@ -28,15 +28,37 @@ asio::awaitable<void> Server::acceptIngress() {
     TcpSocket client =
         co_await ingress_acceptor_->async_accept(asio::redirect_error(use_awaitable, ec));
     if (ec == asio::error::operation_aborted) co_return;
-    if (!ec) asio::co_spawn(io_, serveIngress(std::move(client)), asio::detached);
+    if (ec) {
+      co_await acceptBackoff("--ingress-listen", ec);
+      continue;
+    }
+    asio::co_spawn(io_, serveIngress(std::move(client)), asio::detached);
   }
 }
 
 asio::awaitable<void> Server::serveIngress(TcpSocket client) {
   const auto& serves = *config_.bundle->serves;
+  asio::error_code ec;
+  if (ingress_connections_ >= kMaxIngressConnections) {
+    // Callers beyond the cap are told so at once, and cannot take the descriptors the
+    // agent's own egress needs.
+    metrics_.limitHit(kLimitMaxIngressConnections);
+    metrics_.ingress(kReasonTooManyFlows);
+    common::log::warn("ingress: refused", {{"service", serves.name},
+                                           {"reason", kReasonTooManyFlows},
+                                           {"limit", kMaxIngressConnections}});
+    const std::string response = proto::errorResponse(503, kReasonTooManyFlows);
+    co_await asio::async_write(client, asio::buffer(response),
+                               asio::redirect_error(use_awaitable, ec));
+    co_return;
+  }
+  ++ingress_connections_;
+  struct Release {
+    size_t& n;
+    ~Release() { --n; }
+  } release{ingress_connections_};
   const std::string target = "127.0.0.1:" + std::to_string(serves.port);
   UnixSocket agent(io_);
-  asio::error_code ec;
   asio::steady_timer deadline(io_, kConnectTimeout);
   co_await agent.async_connect(
       asio::local::stream_protocol::endpoint(config_.flags.agent_ingress_socket),

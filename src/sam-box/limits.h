@@ -73,12 +73,23 @@ inline constexpr int32_t kH2ConnectionWindowBytes = 16 * 1024 * 1024;
 /// HTTP/2: bytes from an upstream waiting to be framed for the agent, per stream; past it
 /// sam-box stops reading that upstream until the agent's flow-control window lets them go.
 inline constexpr size_t kH2StreamBufferBytes = size_t{256} * 1024;
+/// HTTP/2: most streams alive at once over all of the agent's connections, refused ones
+/// included (a refusal holds its stream until its response is written, which an agent that
+/// does not read can delay forever). Past it every connection stops reading its agent until
+/// streams close; nghttp2 is fed at most kH2RecvChunkBytes between checks, so the overshoot
+/// is a few hundred streams.
+inline constexpr size_t kMaxH2Streams = 2 * kMaxConcurrentFlows;
+inline constexpr size_t kH2RecvChunkBytes = size_t{4} * 1024;
+/// Most ingress connections served at once (each holds two sockets); the next waits in the
+/// listen backlog.
+inline constexpr size_t kMaxIngressConnections = 1024;
 /// Longest credential token file read, in bytes.
 inline constexpr size_t kMaxTokenFileBytes = size_t{16} * 1024;
 
 // Label values of sam_box_limit_hits_total.
 inline constexpr const char* kLimitMaxHeaderBytes = "max-header-bytes";
 inline constexpr const char* kLimitMaxConcurrentFlows = "max-concurrent-flows";
+inline constexpr const char* kLimitMaxIngressConnections = "max-ingress-connections";
 inline constexpr const char* kLimitConnectTimeout = "connect-timeout";
 inline constexpr const char* kLimitHeadReadTimeout = "head-read-timeout";
 inline constexpr const char* kLimitUdpIdleTimeout = "udp-idle-timeout";

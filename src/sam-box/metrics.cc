@@ -37,8 +37,9 @@ Metrics::Metrics() {
     series(refusals_, "reason", reason) = 0;
   }
   for (const char* limit :
-       {kLimitMaxHeaderBytes, kLimitMaxConcurrentFlows, kLimitConnectTimeout, kLimitHeadReadTimeout,
-        kLimitUdpIdleTimeout, kLimitTcpIdleTimeout, kLimitHalfClosedTimeout}) {
+       {kLimitMaxHeaderBytes, kLimitMaxConcurrentFlows, kLimitMaxIngressConnections,
+        kLimitConnectTimeout, kLimitHeadReadTimeout, kLimitUdpIdleTimeout, kLimitTcpIdleTimeout,
+        kLimitHalfClosedTimeout}) {
     series(limits_, "limit", limit) = 0;
   }
 }

@@ -77,6 +77,7 @@ Server::Server(asio::io_context& io, const Config& config)
     : io_(io),
       config_(config),
       resolver_(io, kResolverThreads, config.resolve_cache_ttl, kResolveCacheEntries),
+      h2_room_(io, asio::steady_timer::time_point::max()),
       stop_grace_(io) {}
 
 void Server::start() {
@@ -139,14 +140,19 @@ asio::awaitable<void> Server::acceptTunnels() {
         co_await tunnel_acceptor_->async_accept(asio::redirect_error(use_awaitable, ec));
     if (ec == asio::error::operation_aborted) co_return;
     if (ec) {
-      // EMFILE/ENFILE/ENOBUFS repeat at once: back off instead of spinning on the listener.
-      common::log::warn("accept failed on --socket", {{"error", ec.message()}});
-      asio::steady_timer backoff(io_, kAcceptBackoff);
-      co_await backoff.async_wait(asio::redirect_error(use_awaitable, ec));
+      co_await acceptBackoff("--socket", ec);
       continue;
     }
     asio::co_spawn(io_, serveTunnel(std::move(agent)), asio::detached);
   }
+}
+
+asio::awaitable<void> Server::acceptBackoff(const char* listener, asio::error_code error) {
+  // EMFILE/ENFILE/ENOBUFS repeat at once: back off instead of spinning on the listener.
+  common::log::warn(std::string("accept failed on ") + listener, {{"error", error.message()}});
+  asio::steady_timer backoff(io_, kAcceptBackoff);
+  asio::error_code ignored;
+  co_await backoff.async_wait(asio::redirect_error(use_awaitable, ignored));
 }
 
 asio::awaitable<void> Server::refuse(UnixSocket& agent, Flow& flow, int status, const char* reason,
@@ -321,7 +327,11 @@ asio::awaitable<void> Server::acceptMetrics() {
     TcpSocket client =
         co_await metrics_acceptor_->async_accept(asio::redirect_error(use_awaitable, ec));
     if (ec == asio::error::operation_aborted) co_return;
-    if (!ec) asio::co_spawn(io_, serveMetrics(std::move(client)), asio::detached);
+    if (ec) {
+      co_await acceptBackoff("--metrics-addr", ec);
+      continue;
+    }
+    asio::co_spawn(io_, serveMetrics(std::move(client)), asio::detached);
   }
 }
 

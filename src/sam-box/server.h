@@ -66,6 +66,9 @@ class Server {
   asio::awaitable<void> acceptTunnels();
   asio::awaitable<void> acceptMetrics();
   asio::awaitable<void> acceptIngress();
+  /// After a failed accept(2) on `listener` (its flag, for the log): logs it and waits
+  /// kAcceptBackoff (EMFILE and the like would fail again at once).
+  asio::awaitable<void> acceptBackoff(const char* listener, asio::error_code error);
   /// A tunnel request head as read from the agent.
   struct Head {
     bool closed = false;     ///< the agent went away (or errored) before a complete head
@@ -135,6 +138,13 @@ class Server {
   LocalAddresses local_addresses_;
   PipePool pipes_{kRelayPipeBytes, kRelayIdlePipes};
   size_t active_flows_ = 0;
+  /// HTTP/2 streams alive over every connection (limits.h kMaxH2Streams), and how many
+  /// connections wait for room. h2_room_'s expiry stays at max: cancel() wakes every waiter.
+  size_t h2_streams_ = 0;
+  /// Ingress connections being served (limits.h kMaxIngressConnections).
+  size_t ingress_connections_ = 0;
+  size_t h2_waiting_ = 0;
+  asio::steady_timer h2_room_;
   bool identity_lapsed_ = false;
   /// Every connection being served, so that stop() can end each one.
   OpenFlows open_flows_;

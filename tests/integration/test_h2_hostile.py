@@ -4,11 +4,14 @@ connect-udp path tricks, X-Sam-Agent smuggling to the mesh entrypoint, resource 
 malformed frames. Each test asserts what the agent must see; the box must stay alive and
 keep serving other connections."""
 
+import fcntl
 import json
 import os
 import socket
 import struct
 import subprocess
+import termios
+import time
 
 import h2.settings
 import pytest
@@ -377,6 +380,70 @@ def test_streams_beyond_max_concurrent_are_refused_not_served(own_box):
     # At most 4096 flows, the connection itself holding one place.
     assert flows_in_progress(own_box) <= 4096
     s.close()
+
+
+def test_refusals_an_agent_never_reads_stop_the_box_reading_more_streams(own_box):
+    """Each refused stream lives until its response is written. An agent that never reads
+    (its socket full of a download) and opens thousands of denied streams on several
+    connections makes the box stop reading at kMaxH2Streams (8192) streams alive, instead of
+    keeping every one of them (before: all 12,000, about 1.4 KiB each)."""
+    conns, attempted = [], 0
+    for _ in range(4):
+        s = raw_h2(own_box, timeout=2)
+        # Huge windows: the download below fills the agent's unread socket and stalls the
+        # box's writer, so no refusal can be written.
+        s.sendall(frame(SETTINGS, 0, 0, b"\x00\x04\x7f\xff\xff\xff")
+                  + frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 2**31 - 1 - 65535)))
+        s.sendall(frame(HEADERS, END_HEADERS, 1, connect_block("api.example.com:80"))
+                  + frame(DATA, 0, 1, b"GET /big.bin HTTP/1.0\r\n\r\n"))
+        conns.append(s)
+    for s in conns:  # until the download has filled the socket: the box's writer is stuck
+        queued = [0]
+        while len(queued) < 4 or queued[-1] != queued[-3] or queued[-1] < 64 * 1024:
+            assert len(queued) < 200, queued
+            time.sleep(0.05)
+            queued.append(struct.unpack("i", fcntl.ioctl(s, termios.FIONREAD, b"\0" * 4))[0])
+    for s in conns:
+        burst = b"".join(frame(HEADERS, END_HEADERS | END_STREAM, 3 + 2 * i,
+                               connect_block("evilpypi.org:80")) for i in range(3000))
+        try:
+            s.sendall(burst)
+        except socket.timeout:
+            pass  # the box stopped reading this connection: what is asserted below
+        attempted += 3000
+
+    def denied():
+        return own_box.metrics().sum("sam_box_flows_total", outcome="denied")
+
+    # 8,192 streams alive: the refused ones and the four downloads.
+    wait_for(lambda: denied() >= 8192 - 4, timeout=20, what="streams refused up to the cap")
+    counts = [denied()]
+    while len(counts) < 3 or counts[-1] != counts[-2]:  # until it stops moving
+        assert len(counts) < 50, counts
+        time.sleep(0.2)
+        counts.append(denied())
+    assert own_box.alive
+    assert attempted == 12000
+    assert 8192 - 4 <= denied() <= 8192 + 1000, denied()
+    # Paused by the box, not slow: no connection was ended as a stalled request head.
+    assert own_box.metrics().get("sam_box_limit_hits_total", limit="head-read-timeout") == 0
+    for s in conns:
+        s.close()
+    assert_box_serves(own_box)
+
+
+def test_a_header_block_never_finished_ends_its_connection(own_box):
+    """HEADERS without END_HEADERS, then silence: the request head's own limit (10 s, checked
+    every 5 s) ends the connection with GOAWAY and counts head-read-timeout, instead of the
+    stream holding its connection, descriptor and flow place for ever."""
+    s = raw_h2(own_box, timeout=30)
+    settings_done(s)
+    s.sendall(frame(HEADERS, 0, 1, literal(":method", "CONNECT")))
+    got = drain(s)
+    assert any(f[0] == GOAWAY for f in frames(got)), frames(got)
+    assert own_box.metrics().get("sam_box_limit_hits_total", limit="head-read-timeout") == 1
+    s.close()
+    assert_box_serves(own_box)
 
 
 def test_continuation_flood_is_bounded(box):

@@ -12,6 +12,7 @@ import pathlib
 import secrets
 import socket
 import socketserver
+import subprocess
 import threading
 
 import pytest
@@ -238,3 +239,46 @@ def test_concurrent_ingress_requests(sam_box, topo, agent_server):
         assert paths == [f"/task/{i}" for i in range(20)]
     finally:
         stand_in.stop()
+
+
+def test_ingress_beyond_its_cap_is_refused_at_once_and_the_agents_egress_goes_on(sam_box, topo):
+    """Callers can hold at most 1,024 ingress connections (each holds two of the box's
+    descriptors); the next gets 503 too-many-flows at once, and the agent's own tunnels are
+    still served. Before the cap, 10,000 held connections took every descriptor the box had."""
+    path = pathlib.Path(topo.tmp) / f"mute-{secrets.token_hex(3)}.sock"
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # connects queue, nothing answers
+    mute.bind(str(path))
+    mute.listen(4096)
+    held = []
+    try:
+        b = serving_box(sam_box, topo, 8080, str(path))
+        for _ in range(1024):
+            held.append(netns_connect(topo.box, ("127.0.0.1", b.ingress_port)))
+        # Each held connection waits (up to 10 s) for the agent's answer, holding its place.
+        wait_for(lambda: _queued(mute) >= 1024,
+                 timeout=20, what="1,024 ingress connections dialled into the sandbox")
+        c = ingress_request(topo, b, (f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{b.ingress_port}\r\n"
+                                      "Connection: close\r\n\r\n").encode())
+        resp = c.read_head()
+        c.close()
+        assert resp.status == 503, resp
+        assert resp.reason == "too-many-flows", resp.headers
+        m = b.metrics()
+        assert m.get("sam_box_limit_hits_total", limit="max-ingress-connections") == 1
+        assert m.get("sam_box_ingress_requests_total", outcome="too-many-flows") == 1
+        # The agent's own egress is untouched by what callers hold.
+        a = b.connect()
+        a.send(b"CONNECT api.example.com:80 HTTP/1.1\r\nHost: api.example.com:80\r\n\r\n")
+        assert a.read_head().status == 200
+        a.close()
+    finally:
+        for s in held:
+            s.close()
+        mute.close()
+
+
+def _queued(listener):
+    """Connections waiting in a listening Unix socket's backlog (ss's Recv-Q)."""
+    out = subprocess.run(["ss", "-xlnH", "src", listener.getsockname()], capture_output=True,
+                         text=True).stdout.split()
+    return int(out[2]) if len(out) > 2 else 0
