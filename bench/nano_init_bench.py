@@ -501,7 +501,7 @@ class Bench:
         nano-init attaches to it."""
         sb_proc, sock = self.start_sam_box(host_ns, label)
         tail = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
-                self.args.nano_init, "run", sock, self.args.load, "agent"]
+                self.args.nano_init, "run", "--user", "0:0", sock, self.args.load, "agent"]
         if tun_mtu is None:
             cmd = ["unshare", "--net", *tail[1:]]
             how = "nano-init made tun0 itself (with its own MTU)"

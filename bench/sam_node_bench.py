@@ -248,7 +248,7 @@ def run_client(args, base, sandbox_boundary=None):
            "--chunk-bytes", str(args.chunk_bytes), "--warmup", str(args.warmup)]
     if sandbox_boundary:
         cmd = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "--kill-child",
-               args.nano_init, "run", sandbox_boundary, *cmd]
+               args.nano_init, "run", "--user", "0:0", sandbox_boundary, *cmd]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                        stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
     lines = [x for x in r.stdout.splitlines() if x.startswith("{")]

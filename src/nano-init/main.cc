@@ -55,7 +55,11 @@ struct Sandbox {
 [[maybe_unused]] Sandbox setUp(const RunOptions& opts, common::UniqueFd passed_tun) {
   Sandbox sb;
   if (opts.create_namespaces) {
-    step("user namespace", [] { namespaces::enterUserNamespace(); });
+    // Root of the machine needs no user namespace for the rest, and without one --user may
+    // name any uid (a namespace made here could map only root's own).
+    if (!caps::holdsMachineRoot()) {
+      step("user namespace", [] { namespaces::enterUserNamespace(); });
+    }
     step("network namespace", [] { namespaces::enterNetworkNamespace(); });
   }
   std::string why;
@@ -73,6 +77,21 @@ struct Sandbox {
     }
   });
   return sb;
+}
+
+// Exit status of a refusal to run the agent as root of the machine (a usage error).
+constexpr int kUsage = 2;
+
+// True (after saying why) when the agent would run as root of the machine: it must be asked
+// for by name (--user 0:0), never be what nano-init happens to run as.
+bool refuseMachineRoot(const char* sub, const std::optional<std::pair<uint32_t, uint32_t>>& user) {
+  if (user || !caps::holdsMachineRoot()) return false;
+  note(std::string(sub) +
+       ": refusing to run the agent as root of this machine (uid 0 outside any user namespace, "
+       "with CAP_SYS_ADMIN): without a capability it would still own every root-owned file it "
+       "can see and could signal every root process. Pass --user UID:GID (an unprivileged one, "
+       "e.g. --user 65534:65534), or --user 0:0 to run it as root all the same");
+  return true;
 }
 
 // The agent's process, just before exec: UID:GID if asked, then no capability at all.
@@ -103,6 +122,7 @@ int run(const RunOptions& opts) {
       "so the agent would have no boundary");
   return 70;
 #else
+  if (refuseMachineRoot("run", opts.user)) return kUsage;
   // The gate first: until the launcher says the boundary serves, nothing is set up (the
   // launcher may still be configuring tun0, which it then passes with the line).
   common::UniqueFd passed_tun;
@@ -139,6 +159,7 @@ int run(const RunOptions& opts) {
 // the podman netns; `--gate-fd` holds the agent back until the launcher has armed it), so
 // this needs no network stack in the build.
 int supervise(const SuperviseOptions& opts) {
+  if (refuseMachineRoot("supervise", opts.user)) return kUsage;
   // The gate first: until the launcher says egress is armed, nothing of the agent's runs.
   common::UniqueFd lifeline_fd;
   if (opts.gate_fd && awaitGate(*opts.gate_fd, opts.lifeline ? &lifeline_fd : nullptr).valid()) {

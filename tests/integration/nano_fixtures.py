@@ -56,7 +56,11 @@ class DummyBoundary:
 
 
 def nano_command(boundary, cmd, flags=(), pidns=True, netns=True, prefix=()):
-    """argv that runs nano-init (as PID 1 if pidns) in fresh namespaces."""
+    """argv that runs nano-init (as PID 1 if pidns) in fresh namespaces. The tests run as root
+    of the machine, where nano-init runs the agent only as the --user it is given: root
+    (--user 0:0) unless `flags` name one."""
+    if os.geteuid() == 0 and "--user" not in flags:
+        flags = ("--user", "0:0", *flags)
     wrap = ["unshare"]
     if netns:
         wrap.append("--net")

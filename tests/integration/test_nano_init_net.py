@@ -168,7 +168,7 @@ def test_refuses_a_namespace_with_another_interface(nano, dummy_boundary, nano_t
     marker = nano_tmp / "nic-ran"
     r = subprocess.run(
         ["unshare", "--net", "sh", "-c",
-         f"ip link add nic0 type veth peer name nic1 && exec {NANO_INIT} run {dummy_boundary.path} "
+         f"ip link add nic0 type veth peer name nic1 && exec {NANO_INIT} run --user 0:0 {dummy_boundary.path} "
          f"touch {marker}"], capture_output=True, text=True, timeout=30)
     assert r.returncode != 0 and "nic0" in r.stderr, r.stderr
     assert not marker.exists()
@@ -188,7 +188,7 @@ sys.exit(r.returncode)
 """
     r = subprocess.run(
         ["unshare", "--net", "--pid", "--fork", "--mount-proc", "/usr/bin/python3", "-c", script,
-         str(NANO_INIT), "run", dummy_boundary.path, "sh", "-c",
+         str(NANO_INIT), "run", "--user", "0:0", dummy_boundary.path, "sh", "-c",
          "ip -o link show | cut -d: -f2; readlink /proc/$$/fd/3 || echo no-fd-3"],
         capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
@@ -226,7 +226,8 @@ def test_run_behind_a_gate_sets_up_nothing_until_armed_and_adopts_the_tun0_it_br
     adopts, and neither it nor the gate leaks into the agent. Without a tun0 it makes one."""
     r = subprocess.run(
         ["unshare", "--net", "--pid", "--fork", "--mount-proc", "/usr/bin/python3", "-c",
-         _GATED_LAUNCHER, passed, str(NANO_INIT), "run", "--gate-fd", "9", dummy_boundary.path,
+         _GATED_LAUNCHER, passed, str(NANO_INIT), "run", "--user", "0:0", "--gate-fd", "9",
+         dummy_boundary.path,
          "sh", "-c", "ip -o addr show dev tun0; echo fds:; for n in $(seq 3 32); do "
          "readlink /proc/$$/fd/$n; done; echo end"],
         capture_output=True, text=True, timeout=30)
@@ -245,7 +246,8 @@ def test_run_behind_a_gate_refuses_a_descriptor_that_is_not_tun0(nano, dummy_bou
         "[tun] if send_tun else []", "[os.open('/dev/null', os.O_RDONLY)]")
     r = subprocess.run(
         ["unshare", "--net", "--pid", "--fork", "--mount-proc", "/usr/bin/python3", "-c",
-         launcher, "tun", str(NANO_INIT), "run", "--gate-fd", "9", dummy_boundary.path,
+         launcher, "tun", str(NANO_INIT), "run", "--user", "0:0", "--gate-fd", "9",
+         dummy_boundary.path,
          "touch", str(marker)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 70, r.stderr
     assert "not tun0" in r.stderr, r.stderr
@@ -291,3 +293,33 @@ def test_resolv_conf_already_right_is_left_alone(nano, dummy_boundary, nano_tmp)
     lines = r.stdout.splitlines()
     assert lines[0] == "nameserver 100.127.255.253"
     assert lines[-1] == "0", "nano-init bind-mounted over a resolv.conf that was already right"
+
+
+def test_root_of_the_machine_runs_the_agent_only_as_the_user_it_names(nano, dummy_boundary,
+                                                                      nano_tmp):
+    """Started by root of the machine (the by-hand launch), nano-init refuses to leave the agent
+    at uid 0, where it would own every root-owned file and could signal every root process,
+    capabilities or not; with --create-namespaces --user 65534:65534 the agent runs as nobody
+    and cannot write where root alone may."""
+    marker = nano_tmp / "root-agent-ran"
+    for argv in (["unshare", "--net", "--pid", "--fork", "--mount-proc", str(NANO_INIT), "run",
+                  "--create-namespaces", dummy_boundary.path, "touch", str(marker)],
+                 [str(NANO_INIT), "supervise", "touch", str(marker)]):
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2, r.stderr
+        assert "refusing to run the agent as root of this machine" in r.stderr, r.stderr
+        assert "--user" in r.stderr, r.stderr
+        assert not marker.exists()
+    rootonly = nano_tmp / "root-only"
+    rootonly.mkdir(mode=0o755)
+    r = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", str(NANO_INIT), "run",
+         "--create-namespaces", "--user", "65534:65534", dummy_boundary.path, "sh", "-c",
+         f"id -u; touch {rootonly}/planted 2>/dev/null && echo wrote || echo denied; "
+         "ip -o link show | cut -d: -f2"],
+        capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split()
+    assert lines[:2] == ["65534", "denied"], r.stdout
+    assert "tun0" in lines, r.stdout
+    assert not (rootonly / "planted").exists()
