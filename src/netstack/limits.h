@@ -28,6 +28,10 @@ inline constexpr size_t kMaxReadChunk = 64 * 1024;
 inline constexpr int kMaxPacketsPerWakeup = 256;
 /// Largest IP packet read from tun0.
 inline constexpr size_t kMaxPacketBytes = 65535;
+/// Most DNS-over-TCP connections to the virtual resolver at once (each may hold lwIP's send
+/// buffer of answers the agent does not read); further SYNs to it get a RST. Resolvers use
+/// TCP only after a truncated UDP answer, one connection at a time.
+inline constexpr size_t kMaxDnsTcpFlows = 64;
 /// Most TCP DNS queries buffered on one connection (2-byte length prefix + 64 KiB).
 inline constexpr size_t kMaxDnsTcpBuffer = 2 + 65535;
 /// Most ingress connections at once.
@@ -53,6 +57,7 @@ inline constexpr std::chrono::seconds kSweepInterval{5};
 struct Counters {
   uint64_t tcp_flows_cap = 0;            ///< SYN refused: kMaxTcpFlows
   uint64_t pending_syns_cap = 0;         ///< SYN refused: kMaxPendingSyns
+  uint64_t dns_tcp_flows_cap = 0;        ///< SYN to the resolver refused: kMaxDnsTcpFlows
   uint64_t udp_flows_cap = 0;            ///< datagram dropped: kMaxUdpFlows
   uint64_t udp_queue_cap = 0;            ///< datagram dropped: kMaxUdpQueued*
   uint64_t tcp_refused = 0;              ///< SYN answered with RST: the boundary refused or failed

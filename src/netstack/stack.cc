@@ -20,6 +20,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/steady_timer.hpp>
 #include <cerrno>
@@ -173,6 +174,7 @@ void Stack::Impl::stop() {
                                  {"dns_queries", c.dns_queries},
                                  {"cap_tcp_flows", c.tcp_flows_cap},
                                  {"cap_pending_syns", c.pending_syns_cap},
+                                 {"cap_dns_tcp_flows", c.dns_tcp_flows_cap},
                                  {"cap_udp_flows", c.udp_flows_cap},
                                  {"cap_udp_queue", c.udp_queue_cap},
                                  {"syn_retransmits_dropped", c.syn_retransmits_dropped},
@@ -262,6 +264,13 @@ void Stack::Impl::onTcp(std::span<const uint8_t> bytes, const Packet& packet) {
   const bool dns = core.isResolver(packet.key.dst);
   if (core.tcp_flows.size() >= kMaxTcpFlows) {
     ++core.counters.tcp_flows_cap;
+    refuseSyn(packet);
+    return;
+  }
+  if (dns && std::count_if(core.tcp_flows.begin(), core.tcp_flows.end(), [](const auto& f) {
+               return f.second->localDns();
+             }) >= static_cast<std::ptrdiff_t>(kMaxDnsTcpFlows)) {
+    ++core.counters.dns_tcp_flows_cap;
     refuseSyn(packet);
     return;
   }

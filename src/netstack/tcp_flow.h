@@ -34,6 +34,8 @@ class TcpFlow : public std::enable_shared_from_this<TcpFlow> {
   TcpFlow(const TcpFlow&) = delete;
   TcpFlow& operator=(const TcpFlow&) = delete;
 
+  /// Whether this is a DNS-over-TCP connection to the virtual resolver (answered here).
+  [[nodiscard]] bool localDns() const { return local_dns_; }
   /// Asks the boundary (or, for DNS, accepts at once).
   void start();
   /// The agent sent its SYN again: dropped while the verdict is pending, else lwIP's.

@@ -278,6 +278,46 @@ def test_dns_over_tcp(nano, dummy_boundary):
     assert udp.strip() == tcp.strip() and udp.strip().startswith("100."), (udp, tcp)
 
 
+_DNS_TCP_HOARDER = r"""
+import socket, struct, subprocess
+q = struct.pack('>HHHHHH', 1, 0x0100, 1, 0, 0, 0) + b'\x01a\x00' + struct.pack('>HH', 1, 1)
+chunk = (struct.pack('>H', len(q)) + q) * 512
+held, refused = [], 0
+for _ in range(200):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # answers pile up on nano-init's side
+    try:
+        s.connect(('100.127.255.253', 53))
+    except ConnectionRefusedError:
+        refused += 1
+        continue
+    for _ in range(4):
+        try:
+            s.send(chunk, socket.MSG_DONTWAIT)
+        except OSError:
+            break
+    held.append(s)
+udp = subprocess.run(['dig', '+short', '+tries=1', '+time=2', 'api.example.com', 'A'],
+                     capture_output=True, text=True).stdout.strip()
+rss = [l.split()[1] for l in open('/proc/1/status') if l.startswith('VmRSS')][0]
+print(len(held), refused, udp, rss)
+"""
+
+
+def test_dns_over_tcp_connections_are_capped(nano, dummy_boundary):
+    """An agent opening DNS-over-TCP connection after connection to the virtual resolver and
+    never reading the answers: the 65th and later are refused (RST), so nano-init holds at
+    most 64 connections' answers (before, 2,000 took it to 450 MB), and UDP DNS still
+    answers."""
+    r = run_nano(dummy_boundary.path, ["/usr/bin/python3", "-c", _DNS_TCP_HOARDER], timeout=60)
+    assert r.returncode == 0, r.stderr
+    held, refused, udp, rss_kib = r.stdout.split()
+    assert (int(held), int(refused)) == (64, 136), r.stdout
+    assert udp.startswith("100."), r.stdout
+    assert int(rss_kib) < 96 * 1024, r.stdout
+    assert '"cap_dns_tcp_flows":136' in r.stderr, r.stderr[-2000:]
+
+
 def test_resolv_conf_already_right_is_left_alone(nano, dummy_boundary, nano_tmp):
     """The seed's pod mounts a resolv.conf naming the virtual DNS: no bind mount then (the
     one operation containerd's AppArmor profile denies)."""
