@@ -54,17 +54,30 @@ struct Sandbox {
 // only in the agent's own process (spawn, below).
 [[maybe_unused]] Sandbox setUp(const RunOptions& opts, common::UniqueFd passed_tun) {
   Sandbox sb;
+  bool own_pids = false;  // PID 1 of a PID namespace made here
   if (opts.create_namespaces) {
     // Root of the machine needs no user namespace for the rest, and without one --user may
     // name any uid (a namespace made here could map only root's own).
     if (!caps::holdsMachineRoot()) {
       step("user namespace", [] { namespaces::enterUserNamespace(); });
     }
+    // Not PID 1 (by hand): PID 1 of a PID namespace of our own from here on, so that nothing
+    // of the agent's can outlive the sandbox or signal nano-init.
+    if (::getpid() != 1) {
+      step("pid namespace", [] { namespaces::enterPidNamespace(); });
+      own_pids = true;
+    }
     step("network namespace", [] { namespaces::enterNetworkNamespace(); });
   }
   std::string why;
   // Always our own mount namespace: the resolv.conf bind must never land in the host's.
   const bool own_mounts = namespaces::enterMountNamespace(&why);
+  if (own_pids && own_mounts) {
+    std::string why_proc;
+    if (!namespaces::mountOwnProc(&why_proc)) {
+      note("the agent lists its launcher's processes in /proc (" + why_proc + ")");
+    }
+  }
   // Without one (a container without CAP_SYS_ADMIN) nothing needs saying unless a mount was
   // needed: the resolv.conf step below says so then.
   step("network namespace check", [] { tun::requireIsolatedNamespace(); });

@@ -1,8 +1,12 @@
 #include "nano-init/namespaces.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -10,6 +14,7 @@
 
 #include "common/unique_fd.h"
 #include "nano-init/errors.h"
+#include "nano-init/pid1.h"
 
 namespace nanoinit::namespaces {
 namespace {
@@ -57,6 +62,55 @@ bool enterMountNamespace(std::string* why) {
     // Owning a namespace whose mounts still propagate to the host's would be worse than
     // owning none: report it and let the caller skip every mount.
     *why = std::string("mount(/, MS_REC|MS_PRIVATE): ") + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+void enterPidNamespace() {
+  // Blocked before the fork, so that none is lost between the fork and the parent's wait.
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : kForwardedSignals) sigaddset(&set, sig);
+  sigaddset(&set, SIGCHLD);
+  sigset_t old;
+  if (::sigprocmask(SIG_BLOCK, &set, &old) != 0) throwErrno("sigprocmask");
+  if (::unshare(CLONE_NEWPID) != 0) throwErrno("unshare(CLONE_NEWPID)");
+  // The child cannot name its parent (getppid() is 0 across the namespace): a pidfd can.
+  common::UniqueFd parent(static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0)));
+  if (!parent.valid()) throwErrno("pidfd_open");
+  const pid_t child = ::fork();
+  if (child < 0) throwErrno("fork (the PID namespace's PID 1)");
+  if (child == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    pollfd gone{parent.get(), POLLIN, 0};
+    if (::poll(&gone, 1, 0) != 0) ::_exit(137);  // the parent died before the line above
+    parent.reset();
+    ::sigprocmask(SIG_SETMASK, &old, nullptr);
+    return;
+  }
+  parent.reset();
+  // The parent: nothing of the sandbox is here; forward, wait, and exit as the child did.
+  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  for (;;) {
+    siginfo_t info{};
+    const int sig = ::sigwaitinfo(&set, &info);
+    if (sig < 0) continue;  // EINTR
+    if (sig != SIGCHLD) {
+      ::kill(child, sig);
+      continue;
+    }
+    int status = 0;
+    const pid_t done = ::waitpid(child, &status, WNOHANG);
+    if (done != child) continue;
+    if (WIFEXITED(status)) ::_exit(WEXITSTATUS(status));
+    ::_exit(WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 255);
+  }
+}
+
+bool mountOwnProc(std::string* why) {
+  if (::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+    *why = std::string("mount(proc, /proc): ") + std::strerror(errno);
     return false;
   }
   return true;

@@ -7,6 +7,21 @@
 
 namespace nanoinit::namespaces {
 
+/// When nano-init is not PID 1 (a by-hand launch): unshare(CLONE_NEWPID) and fork, so the
+/// set-up and the agent go on in a child that is PID 1 of a PID namespace of its own. The
+/// agent then cannot name nano-init to signal it (as PID 1 it ignores what it has no handler
+/// for, and SIGKILL from inside), and when that PID 1 ends the kernel kills whatever is left
+/// of the agent's, setsid'd or not (pid_namespaces(7)). Returns in the child (with
+/// PR_SET_PDEATHSIG SIGKILL). The parent never returns: it forwards kForwardedSignals to the
+/// child and exits with the child's status (128+N if a signal ended it), and is not dumpable.
+/// Throws StepError if unshare or fork fails.
+void enterPidNamespace();
+
+/// In the PID namespace's PID 1, with a mount namespace of its own: mounts a procfs of that
+/// PID namespace on /proc, so the agent lists only the sandbox's processes. False (with the
+/// reason in *why) where the kernel refuses (a container's masked /proc).
+bool mountOwnProc(std::string* why);
+
 /// unshare(CLONE_NEWUSER) and map the caller's own uid and gid (one each; what an
 /// unprivileged process may map). The agent keeps its uid; capabilities are dropped later.
 void enterUserNamespace();

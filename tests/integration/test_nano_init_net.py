@@ -363,3 +363,23 @@ def test_root_of_the_machine_runs_the_agent_only_as_the_user_it_names(nano, dumm
     assert lines[:2] == ["65534", "denied"], r.stdout
     assert "tun0" in lines, r.stdout
     assert not (rootonly / "planted").exists()
+
+
+def test_launched_by_hand_nothing_of_the_agent_outlives_the_sandbox(nano, dummy_boundary):
+    """Not PID 1 (a by-hand launch), nano-init makes a PID namespace of its own: the agent,
+    even at nano-init's uid, cannot kill it (it is PID 1 there, and its launcher cannot be
+    named), and a setsid'd process that ignores SIGTERM dies with the sandbox instead of
+    being adopted by the host's init."""
+    tag = f"3{os.getpid() % 1000}.25"  # a sleep length no other process uses
+    r = subprocess.run(
+        [str(NANO_INIT), "run", "--create-namespaces", "--user", "0:0", dummy_boundary.path,
+         "sh", "-c",
+         f"(setsid sh -c 'trap \"\" TERM; exec sleep {tag}' &); sleep 0.2; "
+         "kill -9 1; kill -9 $PPID; echo pid=$$; ls /proc | grep -c '^[0-9]'; exit 3"],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 3, r.stderr  # nano-init lived to report the agent's status
+    lines = r.stdout.split()
+    assert lines[0] == "pid=2", r.stdout  # its own PID namespace, nano-init as PID 1
+    assert int(lines[1]) < 10, r.stdout   # its /proc lists the sandbox's processes only
+    left = subprocess.run(["pgrep", "-f", f"sleep {tag}"], capture_output=True, text=True)
+    assert left.stdout == "", f"a process of the agent outlived the sandbox: {left.stdout}"
