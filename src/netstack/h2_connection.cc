@@ -187,6 +187,10 @@ int H2Connection::onDataChunk(nghttp2_session* session, uint8_t, int32_t stream_
     return 0;
   }
   s->out.append(reinterpret_cast<const char*>(data), len);
+  // The connection's window at once, the stream's once its flow took the bytes: a flow the
+  // agent does not read holds back its own stream (whose window bounds what is buffered for
+  // it), never the others.
+  nghttp2_session_consume_connection(session, len);
   s->wake();
   return 0;
 }
@@ -335,7 +339,7 @@ asio::awaitable<void> H2Connection::serveStream(std::shared_ptr<H2MuxStream> s) 
         break;
       }
       if (!dead_) {
-        nghttp2_session_consume(session_, s->id, chunk.size());
+        nghttp2_session_consume_stream(session_, s->id, chunk.size());
         kick();
       }
       continue;

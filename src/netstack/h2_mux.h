@@ -14,9 +14,10 @@
 // DATA. END_STREAM from sam-box becomes shutdown(SHUT_WR) towards the flow; the flow's EOF
 // becomes END_STREAM; RST_STREAM closes the flow's socket.
 //
-// Memory is bounded both ways: sam-box's DATA is credited back (WINDOW_UPDATE) only once the
-// flow's socket took it (kH2MuxStreamWindow per stream, kH2MuxConnectionWindow in all), and a
-// flow's socket is read only while fewer than kH2MuxStreamBuffer bytes wait to be framed.
+// Memory is bounded both ways: sam-box's DATA is credited back to its stream (WINDOW_UPDATE)
+// only once the flow's socket took it (kH2MuxStreamWindow per stream; the connection's window
+// as it arrives, so one stalled flow never holds back the others), and a flow's socket is
+// read only while fewer than kH2MuxStreamBuffer bytes wait to be framed.
 //
 // Failure never hangs: if the byte stream fails (read/write error, EOF, a protocol error,
 // GOAWAY), every open stream's socket is closed, so each flow fails (TCP: RST or reset), and
@@ -43,7 +44,9 @@ namespace netstack {
 /// SETTINGS_INITIAL_WINDOW_SIZE nano-init advertises: the most bytes sam-box may send on one
 /// stream that its flow has not yet taken.
 inline constexpr int32_t kH2MuxStreamWindow = 256 * 1024;
-/// The connection window nano-init advertises: the most such bytes over all streams.
+/// The connection window nano-init advertises: the most bytes in flight from sam-box at once.
+/// Credited back as DATA arrives (a stream's window only as its flow takes the bytes), so a
+/// flow the agent does not read holds back its own stream alone.
 inline constexpr int32_t kH2MuxConnectionWindow = 16 * 1024 * 1024;
 /// Most bytes read from one flow's socket and not yet framed as DATA.
 inline constexpr size_t kH2MuxStreamBuffer = 256 * 1024;

@@ -337,13 +337,17 @@ int H2Session::onDataChunk(nghttp2_session* session, uint8_t /*flags*/, int32_t 
     return 0;
   }
   s->in.append(reinterpret_cast<const char*>(data), len);
+  // The connection's window is given back at once and the stream's only once its upstream
+  // took the bytes: a stream whose upstream does not read holds back itself alone (its
+  // window bounds what it buffers), never every other stream of the connection.
+  nghttp2_session_consume_connection(session, len);
   s->last_activity = std::chrono::steady_clock::now();
   s->in_signal.cancel();
   return 0;
 }
 
-int H2Session::onStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t /*error_code*/,
-                             void* self) {
+int H2Session::onStreamClose(nghttp2_session* /*session*/, int32_t stream_id,
+                             uint32_t /*error_code*/, void* self) {
   H2Session& h = sessionOf(self);
   if (h.dead_) return 0;
   auto it = h.streams_.find(stream_id);
@@ -352,8 +356,7 @@ int H2Session::onStreamClose(nghttp2_session* session, int32_t stream_id, uint32
   h.streams_.erase(it);
   h.streamGone();
   s->closed = true;
-  if (!s->in.empty()) nghttp2_session_consume_connection(session, s->in.size());
-  s->in.clear();
+  s->in.clear();  // its connection window was given back as it arrived
   s->in_signal.cancel();
   s->out_signal.cancel();
   if (s->cancel) s->cancel();
@@ -396,7 +399,7 @@ asio::awaitable<bool> H2Session::agentData(H2Stream& s) {
 
 void H2Session::consumed(H2Stream& s, size_t n) {
   if (n == 0 || dead_) return;
-  nghttp2_session_consume(session_, s.id, n);
+  nghttp2_session_consume_stream(session_, s.id, n);
   kick();
 }
 

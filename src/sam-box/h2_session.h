@@ -13,10 +13,11 @@
 // control are libnghttp2's; a connection-level protocol error (a bad preface included) ends the
 // connection with GOAWAY and is counted as a malformed flow.
 //
-// Flow control bounds memory: an agent stream's DATA is credited back (WINDOW_UPDATE) only as
-// its upstream socket accepts it (kH2StreamWindowBytes per stream, kH2ConnectionWindowBytes
-// per connection), and an upstream is read only while fewer than kH2StreamBufferBytes wait for
-// the agent. Streams count against kMaxConcurrentFlows like HTTP/1.1 tunnels (503
+// Flow control bounds memory: an agent stream's DATA is credited back to the stream
+// (WINDOW_UPDATE) only as its upstream socket accepts it (kH2StreamWindowBytes per stream),
+// and to the connection as it arrives, so a stream whose upstream does not read holds back
+// itself alone; an upstream is read only while fewer than kH2StreamBufferBytes wait for the
+// agent. Streams count against kMaxConcurrentFlows like HTTP/1.1 tunnels (503
 // too-many-flows), and so does the connection itself (it was accepted as one);
 // SETTINGS_MAX_CONCURRENT_STREAMS advertises the same cap. A connection with no stream and
 // no byte from the agent for kTcpIdleTimeout is ended with GOAWAY NO_ERROR. A refused stream

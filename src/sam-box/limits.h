@@ -67,8 +67,10 @@ inline constexpr size_t kReadBufferBytes = size_t{16} * 1024;
 /// bytes are credited back only once its upstream socket took them, so this is the most
 /// sam-box buffers per stream towards the upstream.
 inline constexpr int32_t kH2StreamWindowBytes = 256 * 1024;
-/// HTTP/2: the connection's receive window, in bytes: the most buffered towards upstreams
-/// over all streams of one connection.
+/// HTTP/2: the connection's receive window, in bytes: the most in flight from the agent at
+/// once. It is credited back as DATA arrives (the stream's window, as its upstream takes it),
+/// so streams whose upstreams do not read never hold back the others; what sam-box buffers is
+/// bounded per stream by kH2StreamWindowBytes.
 inline constexpr int32_t kH2ConnectionWindowBytes = 16 * 1024 * 1024;
 /// HTTP/2: bytes from an upstream waiting to be framed for the agent, per stream; past it
 /// sam-box stops reading that upstream until the agent's flow-control window lets them go.

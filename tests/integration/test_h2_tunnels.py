@@ -14,7 +14,7 @@ import h2.connection
 import h2.events
 import h2.settings
 
-from boxlib import AGENT_ID, datagram_capsule, delta, wait_for
+from boxlib import AGENT_ID, datagram_capsule, delta, netns_socket, wait_for
 
 
 class H2Client:
@@ -237,6 +237,51 @@ def read_datagrams(buf):
             out.append(bytes(value[k:]))
         i = j + ln
     return out, buf[i:]
+
+
+def test_uploads_an_upstream_never_reads_hold_back_only_their_own_streams(box, topo):
+    """70 uploads to an upstream that accepts and never reads: each fills its own stream's
+    window (256 KiB) and stops, and a fresh stream on the same connection still gets its
+    answer. Before, the stalled streams' bytes also used up the 16 MiB connection window,
+    which was credited back only as upstreams took them: 64 such streams froze the sandbox's
+    every flow over HTTP/2."""
+    sink = netns_socket(topo.up)
+    sink.bind(("198.18.0.2", 0))
+    sink.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sink.listen(128)  # never accepted: the kernel completes each handshake, nobody reads
+    port = sink.getsockname()[1]
+    c = H2Client(box)
+    try:
+        stalled = [c.connect(f"api.example.com:{port}") for _ in range(70)]
+        for sid in stalled:
+            assert c.response(sid)[":status"] == "200"
+        chunk = b"u" * 16384
+        sent = dict.fromkeys(stalled, 0)
+        for _ in range(400):  # until every stream's window is shut
+            moved = False
+            for sid in stalled:
+                if sent[sid] < 1 << 20 and c.conn.local_flow_control_window(sid) >= len(chunk):
+                    c.conn.send_data(sid, chunk)
+                    sent[sid] += len(chunk)
+                    moved = True
+            c.flush()
+            if not moved:
+                break
+            c.sock.settimeout(0.05)
+            try:
+                c.pump()
+            except socket.timeout:
+                pass
+            finally:
+                c.sock.settimeout(10)
+        assert sum(sent.values()) > 16 << 20, sent  # more than the whole connection window
+        fresh = c.connect("api.example.com:80")
+        assert c.response(fresh)[":status"] == "200"
+        c.send(fresh, b"GET /small.txt HTTP/1.0\r\n\r\n")
+        assert c.read_to_end(fresh).endswith(b"hello from upstream\n")
+    finally:
+        c.close()
+        sink.close()
 
 
 def test_connect_udp_over_h2_echoes(box):

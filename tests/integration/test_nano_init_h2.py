@@ -132,6 +132,36 @@ def test_a_stalled_agent_does_not_make_nano_init_buffer_the_download(boundary, b
     assert int(peak_kib) * 1024 < size // 4, f"nano-init peaked at {peak_kib} KiB"
 
 
+STALLED_DOWNLOADS = r"""
+import socket, sys, time, urllib.request
+held = []
+for _ in range(int(sys.argv[1])):
+    s = socket.create_connection((sys.argv[2], 80), timeout=10)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.sendall(b"GET /h2big.bin HTTP/1.0\r\nHost: x\r\n\r\n")  # and never read
+    held.append(s)
+def rss():  # nano-init's, as PID 1: it grows while the downloads fill their windows
+    return [l.split()[1] for l in open("/proc/1/status") if l.startswith("VmRSS")][0]
+seen = []
+while len(seen) < 200 and (len(seen) < 10 or len(set(seen[-10:])) > 1):
+    seen.append(rss())
+    time.sleep(0.1)
+print(urllib.request.urlopen(f"http://{sys.argv[2]}/small.txt", timeout=20).read().decode(),
+      end="")
+"""
+
+
+def test_downloads_the_agent_never_reads_hold_back_only_their_own_streams(boundary, big_file):
+    """100 downloads the agent never reads fill their own streams' windows (256 KiB each, more
+    than nano-init's 16 MiB connection window in all) and a fresh request still gets its
+    answer. Before, those bytes also used up the connection window, credited back only as
+    each flow took them, and every other flow of the sandbox froze."""
+    r = sandbox(boundary, f"{PY} -c {shlex.quote(STALLED_DOWNLOADS)} 100 {ALLOWED}",
+                timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert r.stdout == "hello from upstream\n", r.stdout
+
+
 UDP_CLIENT = r"""
 import socket, sys
 host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
