@@ -32,8 +32,10 @@ inline constexpr size_t kMaxPacketBytes = 65535;
 /// buffer of answers the agent does not read); further SYNs to it get a RST. Resolvers use
 /// TCP only after a truncated UDP answer, one connection at a time.
 inline constexpr size_t kMaxDnsTcpFlows = 64;
-/// Most TCP DNS queries buffered on one connection (2-byte length prefix + 64 KiB).
-inline constexpr size_t kMaxDnsTcpBuffer = 2 + 65535;
+/// Most TCP DNS queries buffered on one connection: lwIP's receive window (TCP_WND), since
+/// queries are acknowledged to the agent's window only once answered; more means a peer that
+/// ignores the window, and the connection is reset.
+inline constexpr size_t kMaxDnsTcpBuffer = 256 * 1024;
 /// Most ingress connections at once.
 inline constexpr size_t kMaxIngressConnections = 256;
 

@@ -19,6 +19,10 @@ namespace {
 constexpr int kMaxIovecs = 64;
 /// Most bytes held for the agent beyond what lwIP took (tunnel leftovers, DNS answers).
 constexpr size_t kMaxToAgentBytes = 256 * 1024;
+/// Most DNS answers held for the agent beyond what lwIP took: past it, queries wait unread
+/// (and unacknowledged: the agent's window closes) until the agent reads.
+constexpr size_t kMaxDnsAnswerBacklog = 64 * 1024;
+static_assert(kMaxDnsTcpBuffer >= TCP_WND, "a DNS connection may fill lwIP's whole window");
 /// Leave a few segments of lwIP's queue free, so a write never fails halfway for lack of them.
 constexpr u16_t kQueueHeadroom = 8;
 
@@ -194,8 +198,7 @@ void TcpFlow::receive(pbuf* p) {
     const size_t old = dns_in_.size();
     dns_in_.resize(old + p->tot_len);
     pbuf_copy_partial(p, dns_in_.data() + old, p->tot_len, 0);
-    tcp_recved(pcb_, p->tot_len);
-    pbuf_free(p);
+    pbuf_free(p);  // acknowledged to the agent's window only once answered (serveDns)
     defer([this] { serveDns(); });
     return;
   }
@@ -262,11 +265,7 @@ void TcpFlow::flushToBoundary() {
       }
     }
     // Only now may the agent send more: the window reopens by what the boundary took.
-    for (size_t acked = static_cast<size_t>(written); acked > 0 && pcb_ != nullptr;) {
-      const auto chunk = static_cast<u16_t>(std::min<size_t>(acked, 0xffff));
-      tcp_recved(pcb_, chunk);
-      acked -= chunk;
-    }
+    reopenWindow(static_cast<size_t>(written));
     touch();
   }
   if (to_boundary_.empty() && agent_eof_ && !boundary_shut_wr_) {
@@ -350,13 +349,22 @@ void TcpFlow::pumpFromBoundary() {
   }
 }
 
+void TcpFlow::reopenWindow(size_t bytes) {
+  while (bytes > 0 && pcb_ != nullptr) {
+    const auto chunk = static_cast<u16_t>(std::min<size_t>(bytes, 0xffff));  // tcp_recved's type
+    tcp_recved(pcb_, chunk);
+    bytes -= chunk;
+  }
+}
+
 void TcpFlow::serveDns() {
   if (state_ == State::kClosed || pcb_ == nullptr) return;
-  while (dns_in_.size() >= 2 && to_agent_.size() < kMaxToAgentBytes) {
+  while (dns_in_.size() >= 2 && to_agent_.size() < kMaxDnsAnswerBacklog) {
     const size_t len = static_cast<uint8_t>(dns_in_[0]) << 8 | static_cast<uint8_t>(dns_in_[1]);
     if (dns_in_.size() < 2 + len) break;
     const std::string answer = core_.answerDns(std::string_view(dns_in_).substr(2, len));
     dns_in_.erase(0, 2 + len);
+    reopenWindow(2 + len);
     if (answer.empty() || answer.size() > 0xffff) continue;
     to_agent_.push_back(static_cast<char>(answer.size() >> 8));
     to_agent_.push_back(static_cast<char>(answer.size() & 0xff));

@@ -67,6 +67,8 @@ class TcpFlow : public std::enable_shared_from_this<TcpFlow> {
   void pumpFromBoundary();
   bool writePendingToAgent();
   void serveDns();
+  /// tcp_recved(3lwip) for `bytes` taken from the agent: its window reopens by that much.
+  void reopenWindow(size_t bytes);
   void maybeFinish();
   void finish();
   void abort(const char* why);
@@ -103,7 +105,8 @@ class TcpFlow : public std::enable_shared_from_this<TcpFlow> {
   std::deque<pbuf*> to_boundary_;  // received from the agent, not yet taken by the socket
   size_t front_offset_ = 0;        // bytes of to_boundary_.front() already written
   std::string to_agent_;           // bytes lwIP could not take yet (bounded, see .cc)
-  std::string dns_in_;             // DNS over TCP: received, not yet answered
+  std::string dns_in_;             // DNS over TCP: received, not yet answered (nor acknowledged
+                                   // to the agent's window: at most TCP_WND)
   Clock::time_point started_ = Clock::now();
   Clock::time_point last_activity_ = Clock::now();
   uint64_t bytes_up_ = 0;

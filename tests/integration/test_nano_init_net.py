@@ -304,6 +304,35 @@ print(len(held), refused, udp, rss)
 """
 
 
+_DNS_TCP_PIPELINE = r"""
+import socket, struct, threading
+q = struct.pack('>HHHHHH', 7, 0x0100, 1, 0, 0, 0) + b'\x03api\x07example\x03com\x00' \
+    + struct.pack('>HH', 1, 1)
+n = 10000  # 10,000 queries, 330 KB: more than the connection's window
+s = socket.create_connection(('100.127.255.253', 53), timeout=20)
+threading.Thread(target=s.sendall, args=((struct.pack('>H', len(q)) + q) * n,)).start()
+got, buf = 0, b''
+while got < n:
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    buf += chunk
+    while len(buf) >= 2 and len(buf) >= 2 + int.from_bytes(buf[:2], 'big'):
+        buf = buf[2 + int.from_bytes(buf[:2], 'big'):]
+        got += 1
+print(got)
+"""
+
+
+def test_dns_over_tcp_answers_a_pipeline_larger_than_the_window(nano, dummy_boundary):
+    """A client that writes 10,000 queries at once while it reads the answers gets every
+    answer: queries are taken as the window allows (acknowledged once answered), never
+    buffered until a limit resets the connection (before: reset past 64 KiB)."""
+    r = run_nano(dummy_boundary.path, ["/usr/bin/python3", "-c", _DNS_TCP_PIPELINE], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["10000"], r.stdout + r.stderr[-2000:]
+
+
 def test_dns_over_tcp_connections_are_capped(nano, dummy_boundary):
     """An agent opening DNS-over-TCP connection after connection to the virtual resolver and
     never reading the answers: the 65th and later are refused (RST), so nano-init holds at
