@@ -18,12 +18,12 @@ inline constexpr size_t kMaxUdpFlows = 1024;
 /// Most datagrams queued per UDP flow while its tunnel opens or its socket is full.
 inline constexpr size_t kMaxUdpQueuedDatagrams = 64;
 /// Most bytes queued per UDP flow (same situation).
-inline constexpr size_t kMaxUdpQueuedBytes = 256 * 1024;
+inline constexpr size_t kMaxUdpQueuedBytes = size_t{256} * 1024;
 /// Largest boundary response head (status line + headers) read.
-inline constexpr size_t kMaxResponseHeadBytes = 8 * 1024;
+inline constexpr size_t kMaxResponseHeadBytes = size_t{8} * 1024;
 /// Most bytes read from a boundary socket at once for one TCP flow; the read also never
 /// exceeds lwIP's free send buffer for the flow, which is the back-pressure towards the agent.
-inline constexpr size_t kMaxReadChunk = 64 * 1024;
+inline constexpr size_t kMaxReadChunk = size_t{64} * 1024;
 /// Most packets read from tun0 per wake-up before other work runs.
 inline constexpr int kMaxPacketsPerWakeup = 256;
 /// Largest IP packet read from tun0.
@@ -35,7 +35,7 @@ inline constexpr size_t kMaxDnsTcpFlows = 64;
 /// Most TCP DNS queries buffered on one connection: lwIP's receive window (TCP_WND), since
 /// queries are acknowledged to the agent's window only once answered; more means a peer that
 /// ignores the window, and the connection is reset.
-inline constexpr size_t kMaxDnsTcpBuffer = 256 * 1024;
+inline constexpr size_t kMaxDnsTcpBuffer = size_t{256} * 1024;
 /// Most ingress connections at once.
 inline constexpr size_t kMaxIngressConnections = 256;
 

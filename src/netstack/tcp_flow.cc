@@ -18,10 +18,10 @@ namespace {
 
 constexpr int kMaxIovecs = 64;
 /// Most bytes held for the agent beyond what lwIP took (tunnel leftovers, DNS answers).
-constexpr size_t kMaxToAgentBytes = 256 * 1024;
+constexpr size_t kMaxToAgentBytes = size_t{256} * 1024;
 /// Most DNS answers held for the agent beyond what lwIP took: past it, queries wait unread
 /// (and unacknowledged: the agent's window closes) until the agent reads.
-constexpr size_t kMaxDnsAnswerBacklog = 64 * 1024;
+constexpr size_t kMaxDnsAnswerBacklog = size_t{64} * 1024;
 static_assert(kMaxDnsTcpBuffer >= TCP_WND, "a DNS connection may fill lwIP's whole window");
 /// Leave a few segments of lwIP's queue free, so a write never fails halfway for lack of them.
 constexpr u16_t kQueueHeadroom = 8;
