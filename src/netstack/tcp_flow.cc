@@ -17,7 +17,7 @@ namespace netstack {
 namespace {
 
 constexpr int kMaxIovecs = 64;
-/// Most bytes held for the agent beyond what lwIP took (tunnel leftovers, DNS answers).
+/// Most bytes held for the agent beyond what lwIP took (tunnel leftovers).
 constexpr size_t kMaxToAgentBytes = size_t{256} * 1024;
 /// Most DNS answers held for the agent beyond what lwIP took: past it, queries wait unread
 /// (and unacknowledged: the agent's window closes) until the agent reads.
