@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 namespace common {
@@ -30,7 +31,10 @@ AddressLookup lookupAddresses(const std::string& name) {
   hints.ai_socktype = SOCK_STREAM;  // one entry per address, not one per socket type
   addrinfo* list = nullptr;
   r.gai_error = ::getaddrinfo(name.c_str(), nullptr, &hints, &list);
-  if (r.gai_error != 0) return r;
+  if (r.gai_error != 0) {
+    if (r.gai_error == EAI_SYSTEM) r.sys_errno = errno;
+    return r;
+  }
   for (const addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
     asio::ip::address addr;
     if (ai->ai_family == AF_INET) {
@@ -52,6 +56,13 @@ AddressLookup lookupAddresses(const std::string& name) {
   }
   ::freeaddrinfo(list);
   return r;
+}
+
+std::string describeLookupError(const AddressLookup& lookup) {
+  if (lookup.gai_error == 0) return "";
+  std::string text = ::gai_strerror(lookup.gai_error);
+  if (lookup.gai_error == EAI_SYSTEM) text.append(": ").append(std::strerror(lookup.sys_errno));
+  return text;
 }
 
 }  // namespace common

@@ -13,6 +13,7 @@ namespace common {
 
 struct AddressLookup {
   int gai_error = 0;                         ///< getaddrinfo(3) error code; 0 on success
+  int sys_errno = 0;                         ///< errno, when gai_error is EAI_SYSTEM
   std::vector<asio::ip::address> addresses;  ///< A and AAAA, de-duplicated, resolver order;
                                              ///< IPv6 keep their scope (zone) id
 };
@@ -21,5 +22,9 @@ struct AddressLookup {
 /// Turns RES_DNSRCH and RES_DEFNAMES off for the calling thread first (res_init(3)). Never
 /// throws; errors are in gai_error (gai_strerror(3) words them).
 AddressLookup lookupAddresses(const std::string& name);
+
+/// A failed lookup in words: gai_strerror(3), and strerror(3) of sys_errno for EAI_SYSTEM
+/// (e.g. "System error: Too many open files"). "" if it did not fail.
+std::string describeLookupError(const AddressLookup& lookup);
 
 }  // namespace common

@@ -35,7 +35,8 @@ struct FlowRecord {
   std::string outcome;  ///< "allowed", "denied" or "error"
   std::string reason;   ///< empty when allowed, unless boundary-stopped ended the flow
   std::string address;  ///< upstream address connected to, if any
-  std::string detail;   ///< why a request was malformed (parser's words), for the log only
+  std::string detail;   ///< why a request was malformed (parser's words) or a lookup failed,
+                        ///< for the log only
   uint64_t bytes_up = 0;
   uint64_t bytes_down = 0;
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();

@@ -207,7 +207,7 @@ asio::awaitable<void> H2Session::streamTcp(H2Stream& s, FlowRecord& record) {
   const auto deadline = asio::steady_timer::clock_type::now() + kConnectTimeout;
   const char* reason = nullptr;
   const auto addresses =
-      co_await server_.resolvePermitted(record.decision, deadline, &reason, &record.address);
+      co_await server_.resolvePermitted(record.decision, deadline, &reason, record);
   if (abandonedBeforeOpen(s, record, server_.metrics_, stopped_)) co_return;
   if (addresses.empty()) {
     co_await refuseStream(s, record, resolveFailureStatus(reason), reason,
@@ -275,7 +275,7 @@ asio::awaitable<void> H2Session::streamUdp(H2Stream& s, FlowRecord& record) {
   const auto deadline = asio::steady_timer::clock_type::now() + kConnectTimeout;
   const char* reason = nullptr;
   const auto addresses =
-      co_await server_.resolvePermitted(record.decision, deadline, &reason, &record.address);
+      co_await server_.resolvePermitted(record.decision, deadline, &reason, record);
   if (abandonedBeforeOpen(s, record, server_.metrics_, stopped_)) co_return;
   if (addresses.empty()) {
     co_await refuseStream(s, record, resolveFailureStatus(reason), reason,

@@ -14,6 +14,7 @@ ResolveResult lookup(const std::string& name) {
   common::AddressLookup found = common::lookupAddresses(name);
   ResolveResult r;
   r.gai_error = found.gai_error;
+  r.error = common::describeLookupError(found);
   r.addresses = std::move(found.addresses);
   return r;
 }

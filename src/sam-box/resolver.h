@@ -35,6 +35,7 @@ namespace sambox {
 struct ResolveResult {
   bool timed_out = false;
   int gai_error = 0;                         ///< getaddrinfo(3) error code; 0 on success
+  std::string error;                         ///< the failure in words (for the flow's detail)
   std::vector<asio::ip::address> addresses;  ///< A and AAAA, de-duplicated, resolver order
 };
 

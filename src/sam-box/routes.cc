@@ -80,7 +80,7 @@ const char* Server::judgeAddresses(const std::vector<asio::ip::address>& address
 
 asio::awaitable<std::vector<asio::ip::address>> Server::resolvePermitted(
     const Decision& d, asio::steady_timer::time_point deadline, const char** reason,
-    std::string* offending) {
+    FlowRecord& record) {
   ResolveResult result = co_await resolver_.resolve(d.name, deadline);
   if (result.timed_out) {
     *reason = kReasonConnectTimeout;
@@ -89,9 +89,11 @@ asio::awaitable<std::vector<asio::ip::address>> Server::resolvePermitted(
   }
   if (result.gai_error != 0 || result.addresses.empty()) {
     *reason = kReasonResolveFailed;
+    // Out of descriptors reads "System error: Too many open files", not a name problem.
+    record.detail = result.error;
     co_return std::vector<asio::ip::address>{};
   }
-  if (const char* why = judgeAddresses(result.addresses, offending)) {
+  if (const char* why = judgeAddresses(result.addresses, &record.address)) {
     *reason = why;
     co_return std::vector<asio::ip::address>{};
   }
@@ -114,8 +116,7 @@ asio::awaitable<std::vector<asio::ip::address>> Server::resolveOrRefuse(
   std::vector<asio::ip::address> addresses;
   const char* reason = nullptr;
   if (!resolveCached(flow, &addresses, &reason)) {
-    addresses =
-        co_await resolvePermitted(flow.record.decision, deadline, &reason, &flow.record.address);
+    addresses = co_await resolvePermitted(flow.record.decision, deadline, &reason, flow.record);
   }
   if (addresses.empty()) {
     co_await refuse(agent, flow, resolveFailureStatus(reason), reason,

@@ -4,6 +4,7 @@
 // them all; each connection is one coroutine, and no flow has a thread of its own.
 
 #include "sam-box/classify.h"
+#include "sam-box/flow.h"
 #include "sam-box/limits.h"
 #include "sam-box/local_addresses.h"
 #include "sam-box/metrics.h"
@@ -87,11 +88,12 @@ class Server {
 
   struct Flow;
   /// Resolves the flow's name and checks every address (see routes.cc). Empty on failure,
-  /// with `*reason` set to resolve-failed, connect-timeout or forbidden-address (and then
-  /// `*offending` to the address refused, for the log).
+  /// with `*reason` set to resolve-failed (and `record.detail` to the lookup's error in
+  /// words), connect-timeout or forbidden-address (and `record.address` to the address
+  /// refused), for the flow's log line.
   asio::awaitable<std::vector<asio::ip::address>> resolvePermitted(
       const Decision& d, asio::steady_timer::time_point deadline, const char** reason,
-      std::string* offending);
+      FlowRecord& record);
   /// nullptr if every address may be connected to; else forbidden-address, with `*offending`
   /// set to the first one refused.
   [[nodiscard]] const char* judgeAddresses(const std::vector<asio::ip::address>& addresses,

@@ -350,8 +350,13 @@ def test_allow_destination_permits_a_forbidden_range(sam_box, topo):
 
 
 def test_unresolvable_allowed_name_is_502_resolve_failed(box):
+    mark = box.mark()
     resp = box.refused("nowhere.example.com:80")
     assert resp.status == 502 and resp.reason == "resolve-failed", resp
+    # The log says why the lookup failed (a name problem, or e.g. "System error: Too many
+    # open files", which is not one).
+    line = box.wait_flow_log(mark, name="nowhere.example.com", reason="resolve-failed")
+    assert line.get("detail"), line
 
 
 def test_closed_port_is_502_connect_failed(box):
