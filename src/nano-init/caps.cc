@@ -39,17 +39,19 @@ unsigned long long effective() {
   return (static_cast<unsigned long long>(data[1].effective) << 32) | data[0].effective;
 }
 
-bool holdsMachineRoot() {
+bool isMachineRoot() {
   if (::geteuid() != 0) return false;
-  if ((effective() & (1ULL << CAP_SYS_ADMIN)) == 0) return false;
-  // The initial user namespace maps every id to itself: one line "0 0 4294967295".
+  // The initial user namespace maps every id to itself: one line "0 0 4294967295". A file
+  // that cannot be read proves nothing (no /proc in a chroot): then uid 0 counts as root.
   std::ifstream in("/proc/self/uid_map");
   unsigned long long inside = 1, outside = 1, count = 0;
   std::string rest;
-  if (!(in >> inside >> outside >> count)) return false;
+  if (!(in >> inside >> outside >> count)) return true;
   const bool identity = inside == 0 && outside == 0 && count == 4294967295ULL;
   return identity && !(in >> rest);
 }
+
+bool hasSysAdmin() { return (effective() & (1ULL << CAP_SYS_ADMIN)) != 0; }
 
 void dropAll() {
   __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};

@@ -24,12 +24,16 @@ void becomeUser(unsigned uid, unsigned gid);
 /// Throws StepError on failure.
 void protectFromAgent();
 
-/// Whether this process is root of the whole machine: euid 0 in the initial user namespace
-/// (/proc/self/uid_map is "0 0 4294967295", user_namespaces(7)) with CAP_SYS_ADMIN effective.
-/// An agent left at that uid owns every root-owned file it can see and may signal every root
-/// process, capabilities or not; a container's root (its own user namespace, or no
-/// CAP_SYS_ADMIN) is not this. Throws StepError if capget(2) fails.
-bool holdsMachineRoot();
+/// Whether this process is uid 0 of the machine: euid 0 in the initial user namespace
+/// (/proc/self/uid_map is "0 0 4294967295", user_namespaces(7); unreadable counts as yes),
+/// whatever its capabilities. An agent left at that uid owns every root-owned file it can see
+/// and may signal every root process, capabilities or not. A container's root is this too
+/// unless the container has a user namespace of its own. Never throws.
+bool isMachineRoot();
+
+/// Whether CAP_SYS_ADMIN is in the effective set (unshare(2) of network and mount namespaces
+/// then needs no user namespace). Throws StepError if capget(2) fails.
+bool hasSysAdmin();
 
 /// The calling process's effective capability mask (for tests and logs).
 unsigned long long effective();

@@ -56,10 +56,10 @@ struct Sandbox {
   Sandbox sb;
   bool own_pids = false;  // PID 1 of a PID namespace made here
   if (opts.create_namespaces) {
-    // Root of the machine needs no user namespace for the rest, and without one --user may
-    // name any uid (a namespace made here could map only root's own).
-    if (!caps::holdsMachineRoot()) {
-      step("user namespace", [] { namespaces::enterUserNamespace(); });
+    // Root of the machine with CAP_SYS_ADMIN needs no user namespace for the rest, and
+    // without one --user may name any uid (a namespace made here maps only our own).
+    if (!(caps::isMachineRoot() && caps::hasSysAdmin())) {
+      step("user namespace", [&] { namespaces::enterUserNamespace(opts.user); });
     }
     // Not PID 1 (by hand): PID 1 of a PID namespace of our own from here on, so that nothing
     // of the agent's can outlive the sandbox or signal nano-init.
@@ -98,12 +98,13 @@ constexpr int kUsage = 2;
 // True (after saying why) when the agent would run as root of the machine: it must be asked
 // for by name (--user 0:0), never be what nano-init happens to run as.
 bool refuseMachineRoot(const char* sub, const std::optional<std::pair<uint32_t, uint32_t>>& user) {
-  if (user || !caps::holdsMachineRoot()) return false;
+  if (user || !caps::isMachineRoot()) return false;
   note(std::string(sub) +
-       ": refusing to run the agent as root of this machine (uid 0 outside any user namespace, "
-       "with CAP_SYS_ADMIN): without a capability it would still own every root-owned file it "
-       "can see and could signal every root process. Pass --user UID:GID (an unprivileged one, "
-       "e.g. --user 65534:65534), or --user 0:0 to run it as root all the same");
+       ": refusing to run the agent as uid 0 of this machine (no user namespace of its own): "
+       "without a capability it would still own every root-owned file it can see and could "
+       "signal every root process. Pass --user UID:GID (an unprivileged one, e.g. --user "
+       "65534:65534), or --user 0:0 to run it as root all the same (a container's root, whose "
+       "files are its own)");
   return true;
 }
 
@@ -136,6 +137,7 @@ int run(const RunOptions& opts) {
   return 70;
 #else
   if (refuseMachineRoot("run", opts.user)) return kUsage;
+  blockHandledSignals();
   // The gate first: until the launcher says the boundary serves, nothing is set up (the
   // launcher may still be configuring tun0, which it then passes with the line).
   common::UniqueFd passed_tun;
@@ -173,6 +175,7 @@ int run(const RunOptions& opts) {
 // this needs no network stack in the build.
 int supervise(const SuperviseOptions& opts) {
   if (refuseMachineRoot("supervise", opts.user)) return kUsage;
+  blockHandledSignals();
   // The gate first: until the launcher says egress is armed, nothing of the agent's runs.
   common::UniqueFd lifeline_fd;
   if (opts.gate_fd && awaitGate(*opts.gate_fd, opts.lifeline ? &lifeline_fd : nullptr).valid()) {

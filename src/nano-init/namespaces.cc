@@ -30,9 +30,18 @@ void writeFile(const char* path, const std::string& content) {
 
 }  // namespace
 
-void enterUserNamespace() {
+void enterUserNamespace(const std::optional<std::pair<uint32_t, uint32_t>>& user) {
   const uid_t uid = ::geteuid();
   const gid_t gid = ::getegid();
+  if (user && (user->first != uid || user->second != gid)) {
+    // A process may map only its own ids into a namespace it makes (user_namespaces(7)).
+    throw StepError("--user " + std::to_string(user->first) + ":" + std::to_string(user->second) +
+                    " cannot be taken: the user namespace made here maps only nano-init's own "
+                    "ids " +
+                    std::to_string(uid) + ":" + std::to_string(gid) +
+                    " (other ids need root with CAP_SYS_ADMIN, or a launcher that makes the "
+                    "namespaces)");
+  }
   if (::unshare(CLONE_NEWUSER) != 0) {
     throwErrno("unshare(CLONE_NEWUSER)",
                " (user namespaces are denied here: on Ubuntu 24.04 hosts the likely cause is "
@@ -68,13 +77,13 @@ bool enterMountNamespace(std::string* why) {
 }
 
 void enterPidNamespace() {
-  // Blocked before the fork, so that none is lost between the fork and the parent's wait.
+  // Blocked before the fork, so that none is lost between the fork and the parent's wait; the
+  // child keeps them blocked (pending) until its Supervisor reads them.
   sigset_t set;
   sigemptyset(&set);
   for (int sig : kForwardedSignals) sigaddset(&set, sig);
   sigaddset(&set, SIGCHLD);
-  sigset_t old;
-  if (::sigprocmask(SIG_BLOCK, &set, &old) != 0) throwErrno("sigprocmask");
+  if (::sigprocmask(SIG_BLOCK, &set, nullptr) != 0) throwErrno("sigprocmask");
   if (::unshare(CLONE_NEWPID) != 0) throwErrno("unshare(CLONE_NEWPID)");
   // The child cannot name its parent (getppid() is 0 across the namespace): a pidfd can.
   common::UniqueFd parent(static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0)));
@@ -86,7 +95,6 @@ void enterPidNamespace() {
     pollfd gone{parent.get(), POLLIN, 0};
     if (::poll(&gone, 1, 0) != 0) ::_exit(137);  // the parent died before the line above
     parent.reset();
-    ::sigprocmask(SIG_SETMASK, &old, nullptr);
     return;
   }
   parent.reset();

@@ -3,7 +3,10 @@
 // CAP_SYS_ADMIN and CAP_NET_ADMIN over what it creates next, then a network namespace that
 // will hold only lo and tun0, and a mount namespace of its own (for /etc/resolv.conf).
 
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 
 namespace nanoinit::namespaces {
 
@@ -24,7 +27,9 @@ bool mountOwnProc(std::string* why);
 
 /// unshare(CLONE_NEWUSER) and map the caller's own uid and gid (one each; what an
 /// unprivileged process may map). The agent keeps its uid; capabilities are dropped later.
-void enterUserNamespace();
+/// `user` (--user), if given, must be nano-init's own ids: nothing else can be mapped here.
+/// Throws StepError otherwise, or if unshare or a map write fails.
+void enterUserNamespace(const std::optional<std::pair<uint32_t, uint32_t>>& user);
 
 /// unshare(CLONE_NEWNET|CLONE_NEWIPC|CLONE_NEWUTS): a fresh network namespace with only a
 /// down lo, and IPC and UTS namespaces of its own (a pod shares both between containers).

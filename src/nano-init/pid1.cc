@@ -29,6 +29,15 @@ sigset_t handledSignals() {
   return set;
 }
 
+}  // namespace
+
+void blockHandledSignals() {
+  const sigset_t set = handledSignals();
+  if (::sigprocmask(SIG_BLOCK, &set, nullptr) != 0) throwErrno("sigprocmask(SIG_BLOCK)");
+}
+
+namespace {
+
 int makeSignalFd(sigset_t* old_mask) {
   const sigset_t set = handledSignals();
   // Blocked, not ignored: for PID 1 the kernel drops signals with default action unless they
@@ -102,6 +111,12 @@ Supervisor::Supervisor(asio::io_context& io, std::chrono::milliseconds grace)
       agent_nofile_(raiseNofile()),
       signals_(io, makeSignalFd(&old_mask_)),
       grace_timer_(io) {
+  // Blocked since start-up (blockHandledSignals()) or by makeSignalFd(): the agent gets them
+  // unblocked all the same.
+  const sigset_t handled = handledSignals();
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sigismember(&handled, sig) == 1) sigdelset(&old_mask_, sig);
+  }
   if (!pid1_ && ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
     throwErrno("prctl(PR_SET_CHILD_SUBREAPER)");
   }

@@ -18,6 +18,11 @@
 
 namespace nanoinit {
 
+/// Blocks SIGCHLD and kForwardedSignals, first thing in `run` and `supervise`: a stop asked
+/// for while the sandbox is set up stays pending (PID 1 would drop it, having no handler yet)
+/// and the Supervisor acts on it once the agent runs. Throws StepError.
+void blockHandledSignals();
+
 /// Signals forwarded to the child, as the issue lists them.
 inline constexpr int kForwardedSignals[] = {SIGTERM, SIGINT,  SIGHUP,  SIGQUIT,
                                             SIGUSR1, SIGUSR2, SIGWINCH};

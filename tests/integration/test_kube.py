@@ -42,7 +42,8 @@ BUILD_DIR = pathlib.Path(os.environ.get("COMPASS_BUILD_DIR", REPO / "build"))
 if not BUILD_DIR.is_absolute():
     BUILD_DIR = REPO / BUILD_DIR
 RUNNER = BUILD_DIR / "src/compass-runner/compass-runner"
-NANO_INIT_CMD = ["/usr/local/bin/nano-init", "run", "--create-namespaces", "/var/run/sam/agent.sock"]
+NANO_INIT_CMD = ["/usr/local/bin/nano-init", "run", "--create-namespaces", "--user", "0:0",
+                 "/var/run/sam/agent.sock"]
 # The project's podman settings (DESIGN.md: runc; ulimits root here may set).
 CONTAINERS_CONF = """\
 [containers]
@@ -213,7 +214,7 @@ def manifest(podman, tmp, model_url, agent_command=None):
     node["services"][0]["target_url"] = f"{model_url}/v1"
     node_cm["data"]["node.yaml"] = yaml.safe_dump(node)
     agent = next(c for c in spec["containers"] if c["name"] == "agent")
-    assert agent["command"][:4] == NANO_INIT_CMD, "the manifest's agent is not nano-init's child"
+    assert agent["command"][:len(NANO_INIT_CMD)] == NANO_INIT_CMD, "the manifest's agent is not nano-init's child"
     agent["env"] = [{"name": "AGENT_FETCH", "value": "http://allowed.example/ http://denied.example/"},
                     {"name": "AGENT_CHAT", "value": "chat"}]
     if agent_command is not None:
@@ -287,7 +288,7 @@ def test_manifests_keep_the_seeds_details():
         for c in containers.values():
             assert "securityContext" not in c, (name, c["name"])
         agent = containers["agent"]
-        assert agent["command"][:4] == NANO_INIT_CMD, name
+        assert agent["command"][:len(NANO_INIT_CMD)] == NANO_INIT_CMD, name
         mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
         assert volumes[mounts["/dev/net/tun"]["name"]]["hostPath"] == {
             "path": "/dev/net/tun", "type": "CharDevice"}, name

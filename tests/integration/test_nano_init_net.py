@@ -5,6 +5,7 @@ conftest.py builds (198.18.0.0/15, 2001:db8::/32). Nothing is sent anywhere else
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -305,12 +306,18 @@ print(len(held), refused, udp, rss)
 
 
 _DNS_TCP_PIPELINE = r"""
-import socket, struct, threading
+import socket, struct, sys, threading
 q = struct.pack('>HHHHHH', 7, 0x0100, 1, 0, 0, 0) + b'\x03api\x07example\x03com\x00' \
     + struct.pack('>HH', 1, 1)
-n = 10000  # 10,000 queries, 330 KB: more than the connection's window
+n, concurrent = int(sys.argv[1]), sys.argv[2] == "concurrent"
 s = socket.create_connection(('100.127.255.253', 53), timeout=20)
-threading.Thread(target=s.sendall, args=((struct.pack('>H', len(q)) + q) * n,)).start()
+def send():  # then half-close, as a client that has nothing more to ask does
+    s.sendall((struct.pack('>H', len(q)) + q) * n)
+    s.shutdown(socket.SHUT_WR)
+if concurrent:
+    threading.Thread(target=send).start()
+else:
+    send()  # all of it before reading a single answer
 got, buf = 0, b''
 while got < n:
     chunk = s.recv(65536)
@@ -324,13 +331,17 @@ print(got)
 """
 
 
-def test_dns_over_tcp_answers_a_pipeline_larger_than_the_window(nano, dummy_boundary):
-    """A client that writes 10,000 queries at once while it reads the answers gets every
-    answer: queries are taken as the window allows (acknowledged once answered), never
-    buffered until a limit resets the connection (before: reset past 64 KiB)."""
-    r = run_nano(dummy_boundary.path, ["/usr/bin/python3", "-c", _DNS_TCP_PIPELINE], timeout=60)
+@pytest.mark.parametrize("n,mode", [(10000, "concurrent"), (1500, "then-read")])
+def test_dns_over_tcp_answers_a_pipeline_larger_than_the_window(nano, dummy_boundary, n, mode):
+    """Pipelined queries, then a half-close: 10,000 (330 KB, more than the window) written
+    while the answers are read, or 1,500 (more answers than nano-init holds back, 64 KiB)
+    written before reading any. Every query is answered: queries are taken as the window
+    allows (acknowledged once answered), never buffered until a limit resets the connection
+    (before: reset past 64 KiB), and the FIN ends the connection only once all are answered."""
+    r = run_nano(dummy_boundary.path, ["/usr/bin/python3", "-c", _DNS_TCP_PIPELINE, str(n), mode],
+                 timeout=60)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["10000"], r.stdout + r.stderr[-2000:]
+    assert r.stdout.split() == [str(n)], r.stdout + r.stderr[-2000:]
 
 
 def test_dns_over_tcp_connections_are_capped(nano, dummy_boundary):
@@ -371,12 +382,16 @@ def test_root_of_the_machine_runs_the_agent_only_as_the_user_it_names(nano, dumm
     capabilities or not; with --create-namespaces --user 65534:65534 the agent runs as nobody
     and cannot write where root alone may."""
     marker = nano_tmp / "root-agent-ran"
+    # Dropping CAP_SYS_ADMIN changes nothing: the uid still owns root's files.
+    no_sys_admin = ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin"]
     for argv in (["unshare", "--net", "--pid", "--fork", "--mount-proc", str(NANO_INIT), "run",
                   "--create-namespaces", dummy_boundary.path, "touch", str(marker)],
-                 [str(NANO_INIT), "supervise", "touch", str(marker)]):
+                 [str(NANO_INIT), "supervise", "touch", str(marker)],
+                 [*no_sys_admin, str(NANO_INIT), "run", "--create-namespaces",
+                  dummy_boundary.path, "touch", str(marker)]):
         r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         assert r.returncode == 2, r.stderr
-        assert "refusing to run the agent as root of this machine" in r.stderr, r.stderr
+        assert "refusing to run the agent as uid 0 of this machine" in r.stderr, r.stderr
         assert "--user" in r.stderr, r.stderr
         assert not marker.exists()
     rootonly = nano_tmp / "root-only"
@@ -412,3 +427,26 @@ def test_launched_by_hand_nothing_of_the_agent_outlives_the_sandbox(nano, dummy_
     assert int(lines[1]) < 10, r.stdout   # its /proc lists the sandbox's processes only
     left = subprocess.run(["pgrep", "-f", f"sleep {tag}"], capture_output=True, text=True)
     assert left.stdout == "", f"a process of the agent outlived the sandbox: {left.stdout}"
+
+
+def test_a_stop_asked_for_while_the_sandbox_is_set_up_is_acted_on(nano, dummy_boundary):
+    """SIGTERM a moment after the launch, while nano-init still makes its namespaces and
+    tun0: it stays pending and stops the agent once it runs (143), instead of being dropped
+    (PID 1 of a new PID namespace ignores what it has no handler for) and letting the agent
+    run to its end."""
+    for delay in (0.0, 0.002, 0.005, 0.02):
+        p = subprocess.Popen([str(NANO_INIT), "run", "--create-namespaces", "--user", "0:0",
+                              dummy_boundary.path, "sleep", "60"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+        time.sleep(delay)
+        p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            raise AssertionError(f"SIGTERM {delay}s after the launch was lost")
+        p.stderr.close()
+        # Before nano-init blocked it (right after exec) the signal's default action ends it.
+        assert rc in (143, -signal.SIGTERM), (delay, rc)
