@@ -8,6 +8,8 @@
 #include <asio/co_spawn.hpp>
 #include <asio/post.hpp>
 #include <cerrno>
+#include <optional>
+#include <string>
 
 extern "C" {
 #include "lwip/tcp.h"
@@ -357,11 +359,23 @@ void TcpFlow::reopenWindow(size_t bytes) {
   }
 }
 
+namespace {
+// The first DNS-over-TCP message in `in` (RFC 7766 §8: a 2-byte length, then the message):
+// its length, or nullopt while it is incomplete.
+std::optional<size_t> wholeQuery(const std::string& in) {
+  if (in.size() < 2) return std::nullopt;
+  const size_t len = size_t{static_cast<uint8_t>(in[0])} << 8 | static_cast<uint8_t>(in[1]);
+  if (in.size() < 2 + len) return std::nullopt;
+  return len;
+}
+}  // namespace
+
 void TcpFlow::serveDns() {
   if (state_ == State::kClosed || pcb_ == nullptr) return;
-  while (dns_in_.size() >= 2 && to_agent_.size() < kMaxDnsAnswerBacklog) {
-    const size_t len = static_cast<uint8_t>(dns_in_[0]) << 8 | static_cast<uint8_t>(dns_in_[1]);
-    if (dns_in_.size() < 2 + len) break;
+  while (to_agent_.size() < kMaxDnsAnswerBacklog) {
+    const std::optional<size_t> query = wholeQuery(dns_in_);
+    if (!query) break;
+    const size_t len = *query;
     const std::string answer = core_.answerDns(std::string_view(dns_in_).substr(2, len));
     dns_in_.erase(0, 2 + len);
     reopenWindow(2 + len);
@@ -370,7 +384,9 @@ void TcpFlow::serveDns() {
     to_agent_.push_back(static_cast<char>(answer.size() & 0xff));
     to_agent_ += answer;
   }
-  if (writePendingToAgent() && agent_eof_) finish();
+  // After the agent's FIN, finish only once every whole query it sent is answered: the
+  // backlog may have paused answering, and onSent() resumes it.
+  if (writePendingToAgent() && agent_eof_ && !wholeQuery(dns_in_)) finish();
 }
 
 void TcpFlow::maybeFinish() {

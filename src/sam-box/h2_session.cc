@@ -135,7 +135,7 @@ asio::awaitable<void> H2Session::roomForStreams() {
     co_await server_.h2_room_.async_wait(asio::redirect_error(use_awaitable, ec));
     --server_.h2_waiting_;
     paused_ = false;
-    last_read_ = std::chrono::steady_clock::now();  // silence while paused was ours
+    last_read_ = resumed_ = std::chrono::steady_clock::now();  // silence while paused was ours
     // h2_room_.cancel() is the wake-up; a cancelled coroutine (the connection ended) returns.
     const auto state = co_await asio::this_coro::cancellation_state;
     if (state.cancelled() != asio::cancellation_type::none) co_return;
@@ -186,11 +186,14 @@ asio::awaitable<void> H2Session::idleConnection() {
     if (ec) co_return;
     const auto silent = std::chrono::steady_clock::now() - last_read_;
     if (streams_.empty() && silent >= kTcpIdleTimeout) break;
-    // A header block that was begun and never ended (HEADERS without END_HEADERS, then
-    // nothing) holds its stream, which no route serves yet: the request head's own limit.
-    if (silent >= kHeadReadTimeout && !paused_ &&
-        std::any_of(streams_.begin(), streams_.end(),
-                    [](const auto& s) { return !s.second->served; })) {
+    // A header block that was begun and not ended within the request head's own limit
+    // (HEADERS without END_HEADERS, then nothing, or a CONTINUATION now and then) holds its
+    // stream, which no route serves yet. Counted from its start, or from the end of a pause
+    // of ours (kMaxH2Streams), whichever is later.
+    const auto now = std::chrono::steady_clock::now();
+    if (!paused_ && std::any_of(streams_.begin(), streams_.end(), [&](const auto& s) {
+          return !s.second->served && now - std::max(s.second->begun, resumed_) >= kHeadReadTimeout;
+        })) {
       head_timed_out = true;
       break;
     }

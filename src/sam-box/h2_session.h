@@ -82,8 +82,10 @@ struct H2Stream {
   bool out_eof = false;   ///< END_STREAM once `out` is framed
   bool closed = false;    ///< nghttp2 closed the stream (both ends done, RST, or connection end)
   bool finished = false;  ///< the route is done: DATA from now on is credited and dropped
-  bool rst_after_end = false;     ///< refused: RST_STREAM NO_ERROR once our END_STREAM is sent
-  bool served = false;            ///< its header block ended and its route was started
+  bool rst_after_end = false;  ///< refused: RST_STREAM NO_ERROR once our END_STREAM is sent
+  bool served = false;         ///< its header block ended and its route was started
+  /// When its header block began (the head-read-timeout counts from here).
+  std::chrono::steady_clock::time_point begun = std::chrono::steady_clock::now();
   asio::steady_timer in_signal;   ///< cancelled when `in` grows or the stream ends
   asio::steady_timer out_signal;  ///< cancelled when `out` drains or the stream ends
   std::function<void()> cancel;   ///< closes the route's upstream socket(s)
@@ -188,6 +190,7 @@ class H2Session : public std::enable_shared_from_this<H2Session> {
   std::chrono::steady_clock::time_point last_read_ = std::chrono::steady_clock::now();
   bool stopped_ = false;  ///< the boundary's stop closed the connection
   bool paused_ = false;   ///< not reading the agent: no room for more streams (kMaxH2Streams)
+  std::chrono::steady_clock::time_point resumed_{};  ///< when the last such pause ended
   /// Held as long as the session (every stream's route holds it): Server::stop() closes the
   /// connection, which ends every stream, each with its flow line.
   OpenFlows::Entry open_;

@@ -11,6 +11,7 @@ import socket
 import struct
 import subprocess
 import termios
+import threading
 import time
 
 import h2.settings
@@ -433,13 +434,24 @@ def test_refusals_an_agent_never_reads_stop_the_box_reading_more_streams(own_box
 
 
 def test_a_header_block_never_finished_ends_its_connection(own_box):
-    """HEADERS without END_HEADERS, then silence: the request head's own limit (10 s, checked
-    every 5 s) ends the connection with GOAWAY and counts head-read-timeout, instead of the
-    stream holding its connection, descriptor and flow place for ever."""
-    s = raw_h2(own_box, timeout=30)
+    """HEADERS without END_HEADERS, then an empty CONTINUATION every 3 s: the request head's
+    own limit (10 s from the block's start, checked every 5 s) ends the connection with GOAWAY
+    and counts head-read-timeout, instead of the stream holding its connection, descriptor
+    and flow place for ever (or, trickled, until nghttp2's CONTINUATION cap)."""
+    s = raw_h2(own_box, timeout=40)
     settings_done(s)
     s.sendall(frame(HEADERS, 0, 1, literal(":method", "CONNECT")))
-    got = drain(s)
+    stop = threading.Event()
+
+    def trickle():
+        while not stop.wait(3) and send_ignoring_close(s, frame(CONTINUATION, 0, 1, b"")):
+            pass
+
+    threading.Thread(target=trickle, daemon=True).start()
+    try:
+        got = drain(s)
+    finally:
+        stop.set()
     assert any(f[0] == GOAWAY for f in frames(got)), frames(got)
     assert own_box.metrics().get("sam_box_limit_hits_total", limit="head-read-timeout") == 1
     s.close()
