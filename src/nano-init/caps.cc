@@ -77,6 +77,15 @@ void dropAll() {
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) throwErrno("prctl(PR_SET_NO_NEW_PRIVS)");
 }
 
+namespace {
+// /proc/self/setgroups says "deny" (user_namespaces(7)).
+bool setgroupsDenied() {
+  std::ifstream in("/proc/self/setgroups");
+  std::string word;
+  return (in >> word) && word == "deny";
+}
+}  // namespace
+
 void becomeUser(unsigned uid, unsigned gid) {
   // Bounding set while CAP_SETPCAP is still held; setuid() below clears the rest.
   for (int cap = 0; cap <= lastCap(); ++cap) {
@@ -85,7 +94,13 @@ void becomeUser(unsigned uid, unsigned gid) {
       throwErrno("prctl(PR_CAPBSET_DROP, " + std::to_string(cap) + ")");
     }
   }
-  if (::setgroups(0, nullptr) != 0) throwErrno("setgroups(0)");
+  if (::setgroups(0, nullptr) != 0) {
+    // In a user namespace made with setgroups(2) denied (what --create-namespaces makes
+    // without CAP_SYS_ADMIN) the groups cannot change: --user naming our own ids then keeps
+    // them, as no --user does. Any other id is a real change and must not half-happen.
+    const bool own_ids = uid == ::geteuid() && gid == ::getegid();
+    if (!(errno == EPERM && own_ids && setgroupsDenied())) throwErrno("setgroups(0)");
+  }
   if (::setresgid(gid, gid, gid) != 0) throwErrno("setresgid(" + std::to_string(gid) + ")");
   if (::setresuid(uid, uid, uid) != 0) throwErrno("setresuid(" + std::to_string(uid) + ")");
 }

@@ -394,6 +394,17 @@ def test_root_of_the_machine_runs_the_agent_only_as_the_user_it_names(nano, dumm
         assert "refusing to run the agent as uid 0 of this machine" in r.stderr, r.stderr
         assert "--user" in r.stderr, r.stderr
         assert not marker.exists()
+    # Root without CAP_SYS_ADMIN (a pod's container) makes a user namespace with setgroups
+    # denied: --user naming its own ids is taken, another is refused before the agent runs.
+    r = subprocess.run([*no_sys_admin, str(NANO_INIT), "run", "--create-namespaces", "--user",
+                        "0:0", dummy_boundary.path, "id", "-u"],
+                       capture_output=True, text=True, timeout=30)
+    assert (r.returncode, r.stdout) == (0, "0\n"), r.stderr
+    r = subprocess.run([*no_sys_admin, str(NANO_INIT), "run", "--create-namespaces", "--user",
+                        "65534:65534", dummy_boundary.path, "touch", str(marker)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 70 and "cannot be taken" in r.stderr, r.stderr
+    assert not marker.exists()
     rootonly = nano_tmp / "root-only"
     rootonly.mkdir(mode=0o755)
     r = subprocess.run(
