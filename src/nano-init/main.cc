@@ -31,6 +31,7 @@ namespace nanoinit {
 namespace {
 
 constexpr const char* kResolvConf = "/etc/resolv.conf";
+constexpr const char* kHosts = "/etc/hosts";
 
 void note(const std::string& text) { (void)std::fprintf(stderr, "nano-init: %s\n", text.c_str()); }
 
@@ -86,6 +87,12 @@ struct Sandbox {
   step("resolv.conf", [&] {
     std::string why_skipped;
     if (resolv::ensure(kResolvConf, own_mounts, &why_skipped) == resolv::Outcome::kSkipped) {
+      note(why_skipped + (own_mounts ? "" : " (no mount namespace: " + why + ")"));
+    }
+  });
+  step("hosts", [&] {
+    std::string why_skipped;
+    if (resolv::ensureHosts(kHosts, own_mounts, &why_skipped) == resolv::Outcome::kSkipped) {
       note(why_skipped + (own_mounts ? "" : " (no mount namespace: " + why + ")"));
     }
   });

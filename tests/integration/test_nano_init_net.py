@@ -375,6 +375,29 @@ def test_resolv_conf_already_right_is_left_alone(nano, dummy_boundary, nano_tmp)
     assert lines[-1] == "0", "nano-init bind-mounted over a resolv.conf that was already right"
 
 
+def test_host_names_in_etc_hosts_do_not_bypass_the_virtual_dns(nano, dummy_boundary, nano_tmp):
+    """A by-hand launch sees the host's /etc/hosts: its test-host names would give the agent
+    real addresses (refused as unresolved-address) or loopback ones inside the sandbox.
+    nano-init puts a localhost-only file over it in its own mount namespace, so such a name
+    goes to the virtual DNS; the host's file is untouched."""
+    hosts = nano_tmp / "host-hosts"
+    hosts.write_text("127.0.0.1 localhost\n198.18.77.2 good.trial.example\n"
+                     "127.0.0.1 loop.trial.example\n")
+    inner = nano_command(dummy_boundary.path,
+                         ["sh", "-c", "getent hosts good.trial.example loop.trial.example; "
+                          "grep -c trial /etc/hosts || true"])
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                        f'mount --bind {hosts} /etc/hosts && exec "$@"', "sh", *inner],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[-1] == "0", r.stdout  # the sandbox's /etc/hosts names neither
+    addresses = [line.split()[0] for line in lines[:-1]]
+    # Synthetic: 100.64.0.0/10 or 100::/64.
+    assert len(addresses) == 2 and all(a.startswith(("100.", "100::")) for a in addresses), r.stdout
+    assert "good.trial.example" in hosts.read_text()
+
+
 def test_root_of_the_machine_runs_the_agent_only_as_the_user_it_names(nano, dummy_boundary,
                                                                       nano_tmp):
     """Started by root of the machine (the by-hand launch), nano-init refuses to leave the agent

@@ -181,6 +181,17 @@ TEST(ResolvTest, RecognizesAFileThatAlreadyNamesTheVirtualDns) {
   EXPECT_TRUE(resolv::alreadyPointsAtVirtualDns(resolv::generated()));
 }
 
+TEST(ResolvTest, HostsThatMapOnlyToLoopbackAreLeftAlone) {
+  EXPECT_TRUE(resolv::onlyLoopback("127.0.0.1 localhost\n::1 localhost\n"));
+  EXPECT_TRUE(resolv::onlyLoopback("# c\n\n127.0.1.1 box # comment\n127.9.9.9 a b c\n"));
+  EXPECT_TRUE(resolv::onlyLoopback(""));
+  EXPECT_TRUE(resolv::onlyLoopback(resolv::generatedHosts()));
+  EXPECT_FALSE(resolv::onlyLoopback("127.0.0.1 localhost\n198.18.77.2 good.example\n"));
+  EXPECT_FALSE(resolv::onlyLoopback("::ffff:10.0.0.1 mapped\n"));
+  EXPECT_FALSE(resolv::onlyLoopback("fe80::1%eth0 linklocal\n"));
+  EXPECT_FALSE(resolv::onlyLoopback("not-an-address name\n"));
+}
+
 TEST(OptionsTest, SuperviseTakesAGateDescriptor) {
   auto p = parse({"supervise", "--gate-fd", "3", "--user", "1:1", "sh", "-c", "x"});
   const auto* sup = std::get_if<SuperviseOptions>(&p);
