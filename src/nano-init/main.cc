@@ -1,5 +1,6 @@
 // nano-init: PID 1 of an agent sandbox (seed 003; issue 3). See README.md.
 
+#include <sys/stat.h>
 #include <unistd.h>
 #include <asio/io_context.hpp>
 
@@ -135,6 +136,37 @@ std::unique_ptr<Lifeline> holdLifeline(asio::io_context& io, common::UniqueFd fd
   });
 }
 
+// Notes for what is probably a slip; none stops the start.
+
+// One of nano-init's options among the agent's words (after BOUNDARY): said before any
+// refusal it may explain (`run SOCK --user 1:1 CMD` is refused for want of --user).
+[[maybe_unused]] void warnOfMisplacedOptions(const RunOptions& opts) {
+  for (const auto& word : opts.command) {
+    for (const char* ours :
+         {"--user", "--create-namespaces", "--ingress-socket", "--gate-fd", "--lifeline"}) {
+      if (word == ours || word.rfind(std::string(ours) + "=", 0) == 0) {
+        note(std::string(ours) + " after BOUNDARY is part of the agent's command, not an " +
+             "option of nano-init's (they go before BOUNDARY)");
+        return;
+      }
+    }
+  }
+}
+
+// A BOUNDARY path with no socket (a typo, or BOUNDARY left out so that CMD's first word took
+// its place). Not a refusal: a sandbox's sam-box may still be starting beside it, as in a pod.
+[[maybe_unused]] void warnOfMissingBoundary(const RunOptions& opts) {
+  std::string unused;
+  const auto boundary = parseBoundary(opts.boundary, &unused);
+  struct stat st {};
+  if (boundary && boundary->kind == Boundary::Kind::kUnix &&
+      (::stat(boundary->unix_path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode))) {
+    note("BOUNDARY " + opts.boundary +
+         " is no socket (yet): every flow is refused (boundary-unreachable) until sam-box "
+         "serves it there");
+  }
+}
+
 int run(const RunOptions& opts) {
 #if !NANO_INIT_HAVE_NETSTACK
   (void)opts;
@@ -143,6 +175,7 @@ int run(const RunOptions& opts) {
       "so the agent would have no boundary");
   return 70;
 #else
+  warnOfMisplacedOptions(opts);
   if (refuseMachineRoot("run", opts.user)) return kUsage;
   blockHandledSignals();
   // The gate first: until the launcher says the boundary serves, nothing is set up (the
@@ -150,6 +183,7 @@ int run(const RunOptions& opts) {
   common::UniqueFd passed_tun;
   common::UniqueFd lifeline_fd;
   if (opts.gate_fd) passed_tun = awaitGate(*opts.gate_fd, opts.lifeline ? &lifeline_fd : nullptr);
+  warnOfMissingBoundary(opts);  // after the gate: by then a launcher's sam-box serves
   asio::io_context io;
   Sandbox sb = setUp(opts, std::move(passed_tun));
   step("ptrace protection", [] { caps::protectFromAgent(); });

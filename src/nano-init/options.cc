@@ -182,7 +182,9 @@ Parsed parseCommandLine(int argc, const char* const* argv) {
   auto* run_cmd = app.add_subcommand(
       "run", "Run CMD as the sandbox's only process tree; every flow goes to BOUNDARY");
   run_cmd->add_flag("--create-namespaces", run.create_namespaces,
-                    "Create a user namespace, then a network namespace holding only lo and tun0");
+                    "Create the sandbox's namespaces: network (only lo and tun0), mount, IPC, "
+                    "UTS, a PID namespace when not PID 1, and a user namespace unless root with "
+                    "CAP_SYS_ADMIN");
   run_cmd->add_option("--ingress-socket", run.ingress_socket,
                       "Serve this Unix socket; each connection goes to 127.0.0.1:<port> inside "
                       "(default: none)");

@@ -484,3 +484,19 @@ def test_a_stop_asked_for_while_the_sandbox_is_set_up_is_acted_on(nano, dummy_bo
         p.stderr.close()
         # Before nano-init blocked it (right after exec) the signal's default action ends it.
         assert rc in (143, -signal.SIGTERM), (delay, rc)
+
+
+def test_slips_are_named_before_anything_runs(nano, dummy_boundary, nano_tmp):
+    """A BOUNDARY path with no socket (a typo, or BOUNDARY left out so that the command's
+    first word took its place) and nano-init's options written after BOUNDARY each get a
+    line saying so, instead of only every flow failing or a refusal asking for what was
+    given."""
+    r = run_nano(nano_tmp / "typo.sock", ["true"])
+    assert r.returncode == 0, r.stderr
+    assert f"BOUNDARY {nano_tmp / 'typo.sock'} is no socket (yet)" in r.stderr, r.stderr
+    r = run_nano(dummy_boundary.path, ["true"])
+    assert "is no socket" not in r.stderr, r.stderr
+    r = subprocess.run([str(NANO_INIT), "run", dummy_boundary.path, "--user", "0:0", "true"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert "--user after BOUNDARY is part of the agent's command" in r.stderr, r.stderr
