@@ -10,6 +10,7 @@
 #include "sam-box/verifier.h"
 
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <CLI/CLI.hpp>
 #include <asio/io_context.hpp>
 #include <asio/signal_set.hpp>
@@ -139,6 +140,14 @@ int run(const sambox::Flags& flags) {
     common::log::warn(
         "the egress allowlist is empty: every external name is refused "
         "(pure default-deny); add names with egress.allow or --egress-allow");
+  }
+  if (struct stat st{}; !flags.sidecar_socket.empty() &&
+                        (::stat(flags.sidecar_socket.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode))) {
+    // Not a refusal: the node may still be starting beside us (a pod).
+    common::log::warn(
+        "--sidecar-socket is no socket (yet): mesh.sam.alt flows are answered "
+        "502 node-unavailable until the node serves it",
+        {{"sidecar_socket", flags.sidecar_socket}});
   }
   std::vector<std::string> rules;
   for (const auto& r : config.allowlist.rules()) rules.push_back(r.text());
