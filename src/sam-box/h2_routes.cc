@@ -225,12 +225,16 @@ asio::awaitable<void> H2Session::streamTcp(H2Stream& s, FlowRecord& record) {
   bool timed_out = false;
   for (const auto& addr : addresses) {
     const asio::ip::tcp::endpoint ep(addr, record.decision.port);
+    record.address = addressText(ep.address());  // the one connected, or the last that failed
     upstream = TcpSocket(agent_.get_executor());
-    if (!co_await server_.connectUpstream(upstream, ep, connect_deadline, &timed_out)) {
+    const asio::error_code ec =
+        co_await server_.connectUpstream(upstream, ep, connect_deadline, &timed_out);
+    if (!ec) {
       connected = true;
-      record.address = addressText(ep.address());
+      record.detail.clear();  // an earlier address's failure is not this flow's
       break;
     }
+    if (!timed_out) record.detail = ec.message();
     if (timed_out || s.closed) break;
   }
   if (abandonedBeforeOpen(s, record, server_.metrics_, stopped_)) co_return;  // closes `upstream`

@@ -188,6 +188,8 @@ asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
   bool timed_out = false;
   for (const auto& addr : addresses) {
     const asio::ip::tcp::endpoint ep(addr, flow.record.decision.port);
+    // The address tried last is the flow's: the one connected, or the last that failed.
+    flow.record.address = addressText(ep.address());
     upstream = TcpSocket(io_);
     bool pending = false;
     asio::error_code connect_ec = startConnect(upstream, ep, &pending);
@@ -197,9 +199,10 @@ asio::awaitable<void> Server::externalTcp(UnixSocket& agent, Flow& flow) {
     }
     if (!connect_ec) {
       connected = true;
-      flow.record.address = addressText(ep.address());
+      flow.record.detail.clear();  // an earlier address's failure is not this flow's
       break;
     }
+    if (!timed_out) flow.record.detail = connect_ec.message();
     if (timed_out || flow.stopped) break;
   }
   if (stoppedInSetUp(flow)) co_return;

@@ -360,8 +360,12 @@ def test_unresolvable_allowed_name_is_502_resolve_failed(box):
 
 
 def test_closed_port_is_502_connect_failed(box):
+    mark = box.mark()
     resp = box.refused("api.example.com:81")
     assert resp.status == 502 and resp.reason == "connect-failed", resp
+    # The line names the address that refused and why.
+    line = box.wait_flow_log(mark, name="api.example.com", reason="connect-failed")
+    assert line.get("address") == "198.18.0.2" and line.get("detail"), line
 
 
 def test_black_hole_is_504_connect_timeout(box):
