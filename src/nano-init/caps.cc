@@ -6,8 +6,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "nano-init/errors.h"
 
@@ -40,15 +42,25 @@ unsigned long long effective() {
 }
 
 bool isMachineRoot() {
-  if (::geteuid() != 0) return false;
-  // The initial user namespace maps every id to itself: one line "0 0 4294967295". A file
-  // that cannot be read proves nothing (no /proc in a chroot): then uid 0 counts as root.
+  // Any of the three: a process whose real or saved uid is 0 can make 0 its effective uid
+  // again without a capability (setresuid(2)).
+  uid_t real = 1, effective_uid = 1, saved = 1;
+  if (::getresuid(&real, &effective_uid, &saved) != 0) return true;
+  if (real != 0 && effective_uid != 0 && saved != 0) return false;
+  // uid 0 here is root of the machine if it maps to uid 0 of the parent namespace: the
+  // initial namespace ("0 0 4294967295"), or one a launcher made with `unshare -r` as root
+  // ("0 0 1"). Unreadable (no /proc in a chroot) proves nothing: then it counts as root.
   std::ifstream in("/proc/self/uid_map");
-  unsigned long long inside = 1, outside = 1, count = 0;
-  std::string rest;
-  if (!(in >> inside >> outside >> count)) return true;
-  const bool identity = inside == 0 && outside == 0 && count == 4294967295ULL;
-  return identity && !(in >> rest);
+  if (!in) return true;
+  unsigned long long inside = 0, outside = 0, count = 0;
+  bool mapped = false;
+  while (in >> inside >> outside >> count) {
+    if (inside == 0 && count > 0) {
+      mapped = true;
+      if (outside == 0) return true;
+    }
+  }
+  return !mapped;  // uid 0 unmapped here: cannot say, so root
 }
 
 bool hasSysAdmin() { return (effective() & (1ULL << CAP_SYS_ADMIN)) != 0; }
@@ -84,22 +96,41 @@ bool setgroupsDenied() {
   std::string word;
   return (in >> word) && word == "deny";
 }
+
+// No supplementary group other than `gid` (getgroups(2)).
+bool onlyGroupIs(gid_t gid) {
+  const int n = ::getgroups(0, nullptr);
+  if (n < 0) return false;
+  std::vector<gid_t> groups(static_cast<size_t>(n));
+  if (n > 0 && ::getgroups(n, groups.data()) != n) return false;
+  return std::all_of(groups.begin(), groups.end(), [gid](gid_t g) { return g == gid; });
+}
 }  // namespace
 
 void becomeUser(unsigned uid, unsigned gid) {
-  // Bounding set while CAP_SETPCAP is still held; setuid() below clears the rest.
-  for (int cap = 0; cap <= lastCap(); ++cap) {
-    if (::prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1 &&
-        ::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0) {
-      throwErrno("prctl(PR_CAPBSET_DROP, " + std::to_string(cap) + ")");
+  // Bounding set while CAP_SETPCAP is still held (dropAll() empties the other sets; without
+  // CAP_SETPCAP nothing can be raised from the bounding set anyway: no_new_privs).
+  if ((effective() & (1ULL << CAP_SETPCAP)) != 0) {
+    for (int cap = 0; cap <= lastCap(); ++cap) {
+      if (::prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1 &&
+          ::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0) {
+        throwErrno("prctl(PR_CAPBSET_DROP, " + std::to_string(cap) + ")");
+      }
     }
   }
   if (::setgroups(0, nullptr) != 0) {
-    // In a user namespace made with setgroups(2) denied (what --create-namespaces makes
-    // without CAP_SYS_ADMIN) the groups cannot change: --user naming our own ids then keeps
-    // them, as no --user does. Any other id is a real change and must not half-happen.
+    // No right to drop supplementary groups (no CAP_SETGID, or a user namespace with
+    // setgroups denied, which --create-namespaces makes without CAP_SYS_ADMIN): --user
+    // naming our own ids is kept only if there is no group besides `gid` to drop. A kept
+    // group (docker, disk, adm) would give the agent what --user promises it has not.
+    const int err = errno;
     const bool own_ids = uid == ::geteuid() && gid == ::getegid();
-    if (!(errno == EPERM && own_ids && setgroupsDenied())) throwErrno("setgroups(0)");
+    if (!(err == EPERM && own_ids && onlyGroupIs(gid))) {
+      errno = err;
+      throwErrno("setgroups(0) (supplementary groups cannot be dropped here" +
+                 std::string(setgroupsDenied() ? ": this user namespace denies setgroups" : "") +
+                 ")");
+    }
   }
   if (::setresgid(gid, gid, gid) != 0) throwErrno("setresgid(" + std::to_string(gid) + ")");
   if (::setresuid(uid, uid, uid) != 0) throwErrno("setresuid(" + std::to_string(uid) + ")");

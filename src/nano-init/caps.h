@@ -11,9 +11,11 @@ namespace nanoinit::caps {
 void dropAll();
 
 /// In the forked child, before dropAll(): becomes `uid`:`gid` with no supplementary groups
-/// (setgroups(2), setgid(2), setuid(2)), clearing the bounding set first while CAP_SETPCAP is
-/// still held (`nano-init run --user`, used where nano-init is root, e.g. PID 1 of a microVM
-/// guest). Throws StepError on any failure.
+/// (setgroups(2), setgid(2), setuid(2)), clearing the bounding set first if CAP_SETPCAP is
+/// held (`nano-init run --user`, used where nano-init is root, e.g. PID 1 of a microVM
+/// guest). Where groups cannot be dropped (no CAP_SETGID, or setgroups denied in this user
+/// namespace), `uid`:`gid` naming our own ids is taken only if no other group is held.
+/// Throws StepError on any failure.
 void becomeUser(unsigned uid, unsigned gid);
 
 /// In nano-init itself, once its namespaces are made and before the agent is forked:
@@ -24,8 +26,9 @@ void becomeUser(unsigned uid, unsigned gid);
 /// Throws StepError on failure.
 void protectFromAgent();
 
-/// Whether this process is uid 0 of the machine: euid 0 in the initial user namespace
-/// (/proc/self/uid_map is "0 0 4294967295", user_namespaces(7); unreadable counts as yes),
+/// Whether this process is uid 0 of the machine: its real, effective or saved uid is 0 and
+/// uid 0 maps to uid 0 of the parent user namespace (/proc/self/uid_map, user_namespaces(7):
+/// the initial namespace, or one made by `unshare -r` as root; unreadable counts as yes),
 /// whatever its capabilities. An agent left at that uid owns every root-owned file it can see
 /// and may signal every root process, capabilities or not. A container's root is this too
 /// unless the container has a user namespace of its own. Never throws.

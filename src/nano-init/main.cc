@@ -87,13 +87,15 @@ struct Sandbox {
   step("addresses and routes", [] { tun::configureNetwork(); });
   step("resolv.conf", [&] {
     std::string why_skipped;
-    if (resolv::ensure(kResolvConf, own_mounts, &why_skipped) == resolv::Outcome::kSkipped) {
+    resolv::ensure(kResolvConf, own_mounts, &why_skipped);
+    if (!why_skipped.empty()) {
       note(why_skipped + (own_mounts ? "" : " (no mount namespace: " + why + ")"));
     }
   });
   step("hosts", [&] {
     std::string why_skipped;
-    if (resolv::ensureHosts(kHosts, own_mounts, &why_skipped) == resolv::Outcome::kSkipped) {
+    resolv::ensureHosts(kHosts, own_mounts, &why_skipped);
+    if (!why_skipped.empty()) {
       note(why_skipped + (own_mounts ? "" : " (no mount namespace: " + why + ")"));
     }
   });
@@ -108,7 +110,8 @@ constexpr int kUsage = 2;
 bool refuseMachineRoot(const char* sub, const std::optional<std::pair<uint32_t, uint32_t>>& user) {
   if (user || !caps::isMachineRoot()) return false;
   note(std::string(sub) +
-       ": refusing to run the agent as uid 0 of this machine (no user namespace of its own): "
+       ": refusing to run the agent as uid 0 of this machine (no user namespace maps it to another "
+       "uid): "
        "without a capability it would still own every root-owned file it can see and could "
        "signal every root process. Pass --user UID:GID (an unprivileged one, e.g. --user "
        "65534:65534), or --user 0:0 to run it as root all the same (a container's root, whose "

@@ -141,7 +141,12 @@ pid_t Supervisor::spawn(const std::vector<std::string>& argv,
   if (pid == 0) {
     // The child: the agent must not outlive the boundary it depends on.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+    // Nothing blocked, and the signals nano-init forwards at their defaults: a launcher that
+    // blocked or ignored one (a shell's `&` ignores SIGINT) must not make forwarding a no-op.
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int sig : kForwardedSignals) ::signal(sig, SIG_DFL);
     if (agent_nofile_.rlim_cur != 0) ::setrlimit(RLIMIT_NOFILE, &agent_nofile_);
     try {
       in_child();

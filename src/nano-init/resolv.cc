@@ -2,10 +2,14 @@
 
 #include <fcntl.h>
 #include <sys/mount.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <array>
+#include <cstring>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "common/unique_fd.h"
 #include "nano-init/errors.h"
@@ -95,7 +99,29 @@ Outcome bindGenerated(const std::string& path, const std::string& text, std::str
     throwErrno(std::string("mount(") + tmpl + ", " + path + ", MS_BIND)");
   }
   // Read-only, so the agent cannot point it elsewhere (it could not reach anything anyway).
-  ::mount(nullptr, path.c_str(), nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY, nullptr);
+  // In a user namespace the source mount's nosuid/nodev/noexec/atime flags are locked: a
+  // remount must repeat them (mount(2)) or it fails with EPERM.
+  unsigned long flags = MS_BIND | MS_REMOUNT | MS_RDONLY;
+  struct statvfs sv {};
+  if (::statvfs(path.c_str(), &sv) == 0) {
+    // statvfs(3) ST_* bit and the mount(2) MS_* flag it stands for.
+    constexpr std::array<std::pair<unsigned long, unsigned long>, 6> kLocked{{
+        {ST_NOSUID, MS_NOSUID},
+        {ST_NODEV, MS_NODEV},
+        {ST_NOEXEC, MS_NOEXEC},
+        {ST_NOATIME, MS_NOATIME},
+        {ST_NODIRATIME, MS_NODIRATIME},
+        {ST_RELATIME, MS_RELATIME},
+    }};
+    for (const auto& [st, ms] : kLocked) {
+      if ((sv.f_flag & st) != 0) flags |= ms;
+    }
+  }
+  if (::mount(nullptr, path.c_str(), nullptr, flags, nullptr) != 0) {
+    *note = path +
+            " is bind-mounted but stays writable (remount read-only: " + std::strerror(errno) +
+            "); the agent could change it, not reach more through it";
+  }
   return Outcome::kBindMounted;
 }
 

@@ -24,8 +24,9 @@ bool onlyLoopback(const std::string& hosts);
 std::string generatedHosts();
 
 /// Makes `path` point at the virtual DNS: leaves it if already right; else, if
-/// `own_mount_namespace`, bind-mounts a generated file over it; else skips. `*note` explains
-/// a skip. Throws StepError if a mount it attempts fails.
+/// `own_mount_namespace`, bind-mounts a generated file over it (read-only); else skips.
+/// `*note` explains a skip, or a bind that could not be made read-only. Throws StepError if
+/// the bind mount fails.
 Outcome ensure(const std::string& path, bool own_mount_namespace, std::string* note);
 
 /// The same for /etc/hosts: a file whose names all map to loopback (or none) is left alone;

@@ -411,7 +411,12 @@ def test_root_of_the_machine_runs_the_agent_only_as_the_user_it_names(nano, dumm
                   "--create-namespaces", dummy_boundary.path, "touch", str(marker)],
                  [str(NANO_INIT), "supervise", "touch", str(marker)],
                  [*no_sys_admin, str(NANO_INIT), "run", "--create-namespaces",
-                  dummy_boundary.path, "touch", str(marker)]):
+                  dummy_boundary.path, "touch", str(marker)],
+                 # A launcher's user namespace that maps uid 0 to uid 0 changes nothing.
+                 ["unshare", "-r", str(NANO_INIT), "supervise", "touch", str(marker)],
+                 # Nor does an effective uid lowered while the real one stays 0.
+                 ["setpriv", "--euid", "65534", str(NANO_INIT), "supervise", "touch",
+                  str(marker)]):
         r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         assert r.returncode == 2, r.stderr
         assert "refusing to run the agent as uid 0 of this machine" in r.stderr, r.stderr
@@ -427,6 +432,12 @@ def test_root_of_the_machine_runs_the_agent_only_as_the_user_it_names(nano, dumm
                         "65534:65534", dummy_boundary.path, "touch", str(marker)],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 70 and "cannot be taken" in r.stderr, r.stderr
+    assert not marker.exists()
+    # There, supplementary groups cannot be dropped: a held one (disk) is refused, not kept.
+    r = subprocess.run(["setpriv", "--groups", "6", *no_sys_admin[1:], str(NANO_INIT), "run",
+                        "--create-namespaces", "--user", "0:0", dummy_boundary.path, "touch",
+                        str(marker)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 126 and "supplementary groups" in r.stderr, r.stderr
     assert not marker.exists()
     rootonly = nano_tmp / "root-only"
     rootonly.mkdir(mode=0o755)
@@ -500,3 +511,20 @@ def test_slips_are_named_before_anything_runs(nano, dummy_boundary, nano_tmp):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2, r.stderr
     assert "--user after BOUNDARY is part of the agent's command" in r.stderr, r.stderr
+
+
+def test_the_agent_starts_with_no_blocked_or_ignored_forwarded_signal(nano, dummy_boundary):
+    """A launcher that blocked signals and ignored SIGINT (as a shell's `&` does): the agent
+    still starts with nothing blocked and SIGINT at its default, so what nano-init forwards
+    takes effect."""
+    launcher = ("import signal, subprocess, sys\n"
+                "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM, signal.SIGTERM})\n"
+                "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                "sys.exit(subprocess.run(sys.argv[1:]).returncode)\n")
+    r = subprocess.run(["/usr/bin/python3", "-c", launcher, str(NANO_INIT), "supervise", "--user",
+                        "0:0", "grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    fields = dict(line.split(":\t") for line in r.stdout.splitlines())
+    assert int(fields["SigBlk"], 16) == 0, r.stdout
+    assert int(fields["SigIgn"], 16) & (1 << (signal.SIGINT - 1)) == 0, r.stdout
