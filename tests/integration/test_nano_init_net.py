@@ -358,18 +358,25 @@ def test_dns_over_tcp_connections_are_capped(nano, dummy_boundary):
     assert '"cap_dns_tcp_flows":136' in r.stderr, r.stderr[-2000:]
 
 
+def _run_nano_with_file_over(boundary, source, target, script):
+    """nano-init running `sh -c script`, launched where `source` is bind-mounted over `target`
+    (in a mount namespace of the launcher's own: the host's file is never touched)."""
+    inner = nano_command(boundary, ["sh", "-c", script])
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                        f'mount --bind {source} {target} && exec "$@"', "sh", *inner],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
 def test_resolv_conf_already_right_is_left_alone(nano, dummy_boundary, nano_tmp):
     """The seed's pod mounts a resolv.conf naming the virtual DNS: no bind mount then (the
     one operation containerd's AppArmor profile denies)."""
     right = nano_tmp / "pod-resolv.conf"
     right.write_text("nameserver 100.127.255.253\n")
-    inner = nano_command(dummy_boundary.path,
-                         ["sh", "-c", "cat /etc/resolv.conf; grep -c nano-init-resolv "
-                          "/proc/self/mountinfo || true"])
-    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                        f'mount --bind {right} /etc/resolv.conf && exec "$@"', "sh", *inner],
-                       capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0, r.stderr
+    r = _run_nano_with_file_over(dummy_boundary.path, right, "/etc/resolv.conf",
+                                 "cat /etc/resolv.conf; grep -c nano-init-resolv "
+                                 "/proc/self/mountinfo || true")
     lines = r.stdout.splitlines()
     assert lines[0] == "nameserver 100.127.255.253"
     assert lines[-1] == "0", "nano-init bind-mounted over a resolv.conf that was already right"
@@ -383,13 +390,9 @@ def test_host_names_in_etc_hosts_do_not_bypass_the_virtual_dns(nano, dummy_bound
     hosts = nano_tmp / "host-hosts"
     hosts.write_text("127.0.0.1 localhost\n198.18.77.2 good.trial.example\n"
                      "127.0.0.1 loop.trial.example\n")
-    inner = nano_command(dummy_boundary.path,
-                         ["sh", "-c", "getent hosts good.trial.example loop.trial.example; "
-                          "grep -c trial /etc/hosts || true"])
-    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                        f'mount --bind {hosts} /etc/hosts && exec "$@"', "sh", *inner],
-                       capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0, r.stderr
+    r = _run_nano_with_file_over(dummy_boundary.path, hosts, "/etc/hosts",
+                                 "getent hosts good.trial.example loop.trial.example; "
+                                 "grep -c trial /etc/hosts || true")
     lines = r.stdout.splitlines()
     assert lines[-1] == "0", r.stdout  # the sandbox's /etc/hosts names neither
     addresses = [line.split()[0] for line in lines[:-1]]
