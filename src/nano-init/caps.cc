@@ -63,7 +63,7 @@ bool isMachineRoot() {
   return !mapped;  // uid 0 unmapped here: cannot say, so root
 }
 
-bool hasSysAdmin() { return (effective() & (1ULL << CAP_SYS_ADMIN)) != 0; }
+bool hasCap(int cap) { return (effective() & (1ULL << cap)) != 0; }
 
 void dropAll() {
   __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
@@ -110,7 +110,7 @@ bool onlyGroupIs(gid_t gid) {
 void becomeUser(unsigned uid, unsigned gid) {
   // Bounding set while CAP_SETPCAP is still held (dropAll() empties the other sets; without
   // CAP_SETPCAP nothing can be raised from the bounding set anyway: no_new_privs).
-  if ((effective() & (1ULL << CAP_SETPCAP)) != 0) {
+  if (hasCap(CAP_SETPCAP)) {
     for (int cap = 0; cap <= lastCap(); ++cap) {
       if (::prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1 &&
           ::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0) {

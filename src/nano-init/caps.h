@@ -34,9 +34,10 @@ void protectFromAgent();
 /// unless the container has a user namespace of its own. Never throws.
 bool isMachineRoot();
 
-/// Whether CAP_SYS_ADMIN is in the effective set (unshare(2) of network and mount namespaces
-/// then needs no user namespace). Throws StepError if capget(2) fails.
-bool hasSysAdmin();
+/// Whether capability `cap` (a CAP_* number, capabilities(7)) is in the effective set: with
+/// CAP_SYS_ADMIN, unshare(2) of network and mount namespaces needs no user namespace. Throws
+/// StepError if capget(2) fails.
+bool hasCap(int cap);
 
 /// The calling process's effective capability mask (for tests and logs).
 unsigned long long effective();

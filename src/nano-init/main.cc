@@ -1,6 +1,6 @@
 // nano-init: PID 1 of an agent sandbox (seed 003; issue 3). See README.md.
 
-#include <sys/stat.h>
+#include <linux/capability.h>
 #include <unistd.h>
 #include <asio/io_context.hpp>
 
@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/socket_path.h"
 #include "nano-init/caps.h"
 #include "nano-init/check.h"
 #include "nano-init/copy_self.h"
@@ -60,7 +61,7 @@ struct Sandbox {
   if (opts.create_namespaces) {
     // Root of the machine with CAP_SYS_ADMIN needs no user namespace for the rest, and
     // without one --user may name any uid (a namespace made here maps only our own).
-    if (!(caps::isMachineRoot() && caps::hasSysAdmin())) {
+    if (!(caps::isMachineRoot() && caps::hasCap(CAP_SYS_ADMIN))) {
       step("user namespace", [&] { namespaces::enterUserNamespace(opts.user); });
     }
     // Not PID 1 (by hand): PID 1 of a PID namespace of our own from here on, so that nothing
@@ -85,20 +86,22 @@ struct Sandbox {
   step("network namespace check", [] { tun::requireIsolatedNamespace(); });
   sb.tun = step("tun0", [&] { return tun::openTun(std::move(passed_tun)); });
   step("addresses and routes", [] { tun::configureNetwork(); });
-  step("resolv.conf", [&] {
-    std::string why_skipped;
-    resolv::ensure(kResolvConf, own_mounts, &why_skipped);
-    if (!why_skipped.empty()) {
-      note(why_skipped + (own_mounts ? "" : " (no mount namespace: " + why + ")"));
-    }
-  });
-  step("hosts", [&] {
-    std::string why_skipped;
-    resolv::ensureHosts(kHosts, own_mounts, &why_skipped);
-    if (!why_skipped.empty()) {
-      note(why_skipped + (own_mounts ? "" : " (no mount namespace: " + why + ")"));
-    }
-  });
+  // The resolver files, each made right the same way (resolv.h).
+  struct ResolverFile {
+    const char* step;
+    const char* path;
+    resolv::Outcome (*ensure)(const std::string&, bool, std::string*);
+  };
+  for (const ResolverFile& file : {ResolverFile{"resolv.conf", kResolvConf, &resolv::ensure},
+                                   ResolverFile{"hosts", kHosts, &resolv::ensureHosts}}) {
+    step(file.step, [&] {
+      std::string why_skipped;
+      file.ensure(file.path, own_mounts, &why_skipped);
+      if (!why_skipped.empty()) {
+        note(why_skipped + (own_mounts ? "" : " (no mount namespace: " + why + ")"));
+      }
+    });
+  }
   return sb;
 }
 
@@ -161,9 +164,8 @@ std::unique_ptr<Lifeline> holdLifeline(asio::io_context& io, common::UniqueFd fd
 [[maybe_unused]] void warnOfMissingBoundary(const RunOptions& opts) {
   std::string unused;
   const auto boundary = parseBoundary(opts.boundary, &unused);
-  struct stat st {};
   if (boundary && boundary->kind == Boundary::Kind::kUnix &&
-      (::stat(boundary->unix_path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode))) {
+      !common::isSocket(boundary->unix_path)) {
     note("BOUNDARY " + opts.boundary +
          " is no socket (yet): every flow is refused (boundary-unreachable) until sam-box "
          "serves it there");

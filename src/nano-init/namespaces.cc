@@ -79,10 +79,7 @@ bool enterMountNamespace(std::string* why) {
 void enterPidNamespace() {
   // Blocked before the fork, so that none is lost between the fork and the parent's wait; the
   // child keeps them blocked (pending) until its Supervisor reads them.
-  sigset_t set;
-  sigemptyset(&set);
-  for (int sig : kForwardedSignals) sigaddset(&set, sig);
-  sigaddset(&set, SIGCHLD);
+  const sigset_t set = handledSignals();
   if (::sigprocmask(SIG_BLOCK, &set, nullptr) != 0) throwErrno("sigprocmask");
   if (::unshare(CLONE_NEWPID) != 0) throwErrno("unshare(CLONE_NEWPID)");
   // The child cannot name its parent (getppid() is 0 across the namespace): a pidfd can.

@@ -19,7 +19,6 @@
 #include "nano-init/errors.h"
 
 namespace nanoinit {
-namespace {
 
 sigset_t handledSignals() {
   sigset_t set;
@@ -28,8 +27,6 @@ sigset_t handledSignals() {
   for (int sig : kForwardedSignals) sigaddset(&set, sig);
   return set;
 }
-
-}  // namespace
 
 void blockHandledSignals() {
   const sigset_t set = handledSignals();
@@ -111,12 +108,6 @@ Supervisor::Supervisor(asio::io_context& io, std::chrono::milliseconds grace)
       agent_nofile_(raiseNofile()),
       signals_(io, makeSignalFd(&old_mask_)),
       grace_timer_(io) {
-  // Blocked since start-up (blockHandledSignals()) or by makeSignalFd(): the agent gets them
-  // unblocked all the same.
-  const sigset_t handled = handledSignals();
-  for (int sig = 1; sig < NSIG; ++sig) {
-    if (sigismember(&handled, sig) == 1) sigdelset(&old_mask_, sig);
-  }
   if (!pid1_ && ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
     throwErrno("prctl(PR_SET_CHILD_SUBREAPER)");
   }

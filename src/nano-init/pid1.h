@@ -18,7 +18,11 @@
 
 namespace nanoinit {
 
-/// Blocks SIGCHLD and kForwardedSignals, first thing in `run` and `supervise`: a stop asked
+/// SIGCHLD and kForwardedSignals: what nano-init handles itself (Supervisor, the PID
+/// namespace's parent).
+sigset_t handledSignals();
+
+/// Blocks handledSignals(), first thing in `run` and `supervise`: a stop asked
 /// for while the sandbox is set up stays pending (PID 1 would drop it, having no handler yet)
 /// and the Supervisor acts on it once the agent runs. Throws StepError.
 void blockHandledSignals();
