@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/socket_path.h"
 #include "compass-runner/backend.h"
 #include "compass-runner/firewall.h"
 #include "compass-runner/image.h"
@@ -225,8 +226,7 @@ class MicrovmBackend final : public Backend {
 
   static void validateSidecar(const AgentSpec& spec) {
     if (spec.sidecar_socket.empty()) return;
-    struct stat st {};
-    if (::stat(spec.sidecar_socket.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+    if (!common::isSocket(spec.sidecar_socket)) {
       throw RunnerError("--sidecar-socket " + spec.sidecar_socket +
                         ": not a Unix socket that exists (start the node first: sam-node run "
                         "--socket-path " +

@@ -5,7 +5,6 @@
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +20,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/socket_path.h"
 #include "common/unique_fd.h"
 #include "compass-runner/backend.h"
 #include "compass-runner/process.h"
@@ -188,8 +188,7 @@ void SamBoxProcess::waitReady(std::chrono::milliseconds timeout) {
   const common::UniqueFd exited = pidFd(pid_);
   while (true) {
     throwIfExited("before its socket was ready");
-    struct stat st {};
-    if (::stat(socket_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return;
+    if (common::isSocket(socket_)) return;
     if (Clock::now() > deadline) {
       stop();
       throw RunnerError("sam-box did not create " + socket_ + " within " +

@@ -146,11 +146,7 @@ asio::awaitable<void> H2Session::serveStream(std::shared_ptr<H2Stream> stream) {
     server_.metrics_.limitHit(kLimitMaxConcurrentFlows);
     co_await refuseStream(s, record, 503, kReasonTooManyFlows, true);
   } else {
-    ++server_.active_flows_;
-    struct Release {
-      size_t& n;
-      ~Release() { --n; }
-    } release{server_.active_flows_};
+    const CountedPlace place(server_.active_flows_);
     const StreamRequest request = checkRequest(s);
     if (abandonedBeforeOpen(s, record, server_.metrics_, stopped_)) {
       // reset before it was served: nothing was opened for it

@@ -111,7 +111,7 @@ asio::awaitable<void> H2Session::run(std::string received) {
   dead_ = true;
   auto streams = std::move(streams_);
   streams_.clear();
-  for (size_t i = 0; i < streams.size(); ++i) streamGone();
+  streamsGone(streams.size());
   for (auto& [id, s] : streams) {
     s->closed = true;
     s->in_signal.cancel();
@@ -122,8 +122,8 @@ asio::awaitable<void> H2Session::run(std::string received) {
   agent_.close(ignored);
 }
 
-void H2Session::streamGone() {
-  --server_.h2_streams_;
+void H2Session::streamsGone(size_t n) {
+  server_.h2_streams_ -= n;
   if (server_.h2_waiting_ > 0 && server_.h2_streams_ < kMaxH2Streams) server_.h2_room_.cancel();
 }
 
@@ -184,13 +184,12 @@ asio::awaitable<void> H2Session::idleConnection() {
     asio::error_code ec;
     co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
     if (ec) co_return;
-    const auto silent = std::chrono::steady_clock::now() - last_read_;
-    if (streams_.empty() && silent >= kTcpIdleTimeout) break;
+    const auto now = std::chrono::steady_clock::now();
+    if (streams_.empty() && now - last_read_ >= kTcpIdleTimeout) break;
     // A header block that was begun and not ended within the request head's own limit
     // (HEADERS without END_HEADERS, then nothing, or a CONTINUATION now and then) holds its
     // stream, which no route serves yet. Counted from its start, or from the end of a pause
     // of ours (kMaxH2Streams), whichever is later.
-    const auto now = std::chrono::steady_clock::now();
     if (!paused_ && std::any_of(streams_.begin(), streams_.end(), [&](const auto& s) {
           return !s.second->served && now - std::max(s.second->begun, resumed_) >= kHeadReadTimeout;
         })) {
@@ -357,7 +356,7 @@ int H2Session::onStreamClose(nghttp2_session* /*session*/, int32_t stream_id,
   if (it == h.streams_.end()) return 0;
   auto s = it->second;
   h.streams_.erase(it);
-  h.streamGone();
+  h.streamsGone(1);
   s->closed = true;
   s->in.clear();  // its connection window was given back as it arrived
   s->in_signal.cancel();

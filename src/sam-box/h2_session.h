@@ -131,9 +131,9 @@ class H2Session : public std::enable_shared_from_this<H2Session> {
   asio::awaitable<void> idleConnection();
   /// Wakes the writer: nghttp2 has frames to send.
   void kick();
-  /// A stream left streams_: counts it out of Server::h2_streams_ and wakes connections
+  /// `n` streams left streams_: counts them out of Server::h2_streams_ and wakes connections
   /// waiting for room.
-  void streamGone();
+  void streamsGone(size_t n);
   /// Returns once Server::h2_streams_ is below kMaxH2Streams (or the connection is dead).
   asio::awaitable<void> roomForStreams();
   /// Logs and counts a connection-level protocol error once, as a malformed flow.

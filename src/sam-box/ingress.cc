@@ -52,11 +52,7 @@ asio::awaitable<void> Server::serveIngress(TcpSocket client) {
                                asio::redirect_error(use_awaitable, ec));
     co_return;
   }
-  ++ingress_connections_;
-  struct Release {
-    size_t& n;
-    ~Release() { --n; }
-  } release{ingress_connections_};
+  const CountedPlace place(ingress_connections_);
   const std::string target = "127.0.0.1:" + std::to_string(serves.port);
   UnixSocket agent(io_);
   asio::steady_timer deadline(io_, kConnectTimeout);

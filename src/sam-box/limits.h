@@ -82,8 +82,8 @@ inline constexpr size_t kH2StreamBufferBytes = size_t{256} * 1024;
 /// is a few hundred streams.
 inline constexpr size_t kMaxH2Streams = 2 * kMaxConcurrentFlows;
 inline constexpr size_t kH2RecvChunkBytes = size_t{4} * 1024;
-/// Most ingress connections served at once (each holds two sockets); the next waits in the
-/// listen backlog.
+/// Most ingress connections served at once (each holds two sockets); the next is answered 503
+/// too-many-flows at once.
 inline constexpr size_t kMaxIngressConnections = 1024;
 /// Longest credential token file read, in bytes.
 inline constexpr size_t kMaxTokenFileBytes = size_t{16} * 1024;

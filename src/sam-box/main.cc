@@ -3,6 +3,7 @@
 
 #include "common/cli_error.h"
 #include "common/log.h"
+#include "common/socket_path.h"
 #include "sam-box/credential_watch.h"
 #include "sam-box/limits.h"
 #include "sam-box/options.h"
@@ -10,7 +11,6 @@
 #include "sam-box/verifier.h"
 
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <CLI/CLI.hpp>
 #include <asio/io_context.hpp>
 #include <asio/signal_set.hpp>
@@ -141,8 +141,7 @@ int run(const sambox::Flags& flags) {
         "the egress allowlist is empty: every external name is refused "
         "(pure default-deny); add names with egress.allow or --egress-allow");
   }
-  if (struct stat st{}; !flags.sidecar_socket.empty() &&
-                        (::stat(flags.sidecar_socket.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode))) {
+  if (!flags.sidecar_socket.empty() && !common::isSocket(flags.sidecar_socket)) {
     // Not a refusal: the node may still be starting beside us (a pod).
     common::log::warn(
         "--sidecar-socket is no socket (yet): mesh.sam.alt flows are answered "

@@ -261,11 +261,7 @@ asio::awaitable<void> Server::serveTunnel(UnixSocket agent) {
     co_await refuse(agent, flow, 503, kReasonTooManyFlows, true);
     co_return;
   }
-  ++active_flows_;
-  struct Release {
-    size_t& n;
-    ~Release() { --n; }
-  } release{active_flows_};
+  const CountedPlace place(active_flows_);
   // Ended by stop(): closing the agent's socket (and the upstream's, once there is one) ends
   // every wait of the flow, wherever it is; it then finishes as usual, saying why.
   OpenFlows::Entry open(open_flows_, [&agent, &flow] {

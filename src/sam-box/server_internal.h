@@ -23,6 +23,19 @@ struct Server::Flow {
   std::function<void()> close_upstream;
 };
 
+/// Takes one place of a count (Server::active_flows_, ingress_connections_) for as long as it
+/// lives; the caller checks the cap first.
+class CountedPlace {
+ public:
+  explicit CountedPlace(size_t& count) : count_(count) { ++count_; }
+  ~CountedPlace() { --count_; }
+  CountedPlace(const CountedPlace&) = delete;
+  CountedPlace& operator=(const CountedPlace&) = delete;
+
+ private:
+  size_t& count_;
+};
+
 /// Sets `slot` to close `socket` for as long as this lives (a route's upstream socket, for
 /// stop()).
 class ScopedCloser {
