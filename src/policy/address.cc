@@ -93,6 +93,11 @@ EmbeddedV4 embeddedIpv4(const asio::ip::address_v6& v6) {
     // §2.2: the IPv4 address in bits 48-63 and 72-87, around the "u" octet (bits 64-71,
     // skipped whatever its value) and before the suffix (ignored, as translators do).
     out.add(b, {6, 7, 9, 10});
+  } else if (std::all_of(b.begin(), b.begin() + 8, [](auto x) { return x == 0; }) && b[8] == 0xff &&
+             b[9] == 0xff && b[10] == 0 && b[11] == 0) {
+    // IPv4-translated, ::ffff:0:0:0/96 (RFC 2765 §2.1, SIIT): a stateless translator sends
+    // it to the IPv4 address in the last 32 bits.
+    out.add(b, {12, 13, 14, 15});
   }
   // The NAT64 well-known prefix 64:ff9b::/96 (RFC 6052) needs no entry here:
   // canonicalAddress() already reads it as its IPv4 address.

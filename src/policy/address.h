@@ -38,8 +38,9 @@ class Cidr {
 
 /// Returns `addr` with IPv4-mapped (::ffff:a.b.c.d), IPv4-compatible (::a.b.c.d, except
 /// :: and ::1) and NAT64 well-known-prefix (64:ff9b::a.b.c.d, RFC 6052) IPv6 forms unwrapped
-/// to IPv4, so no rule can be bypassed by re-spelling. 6to4, Teredo and local-use NAT64
-/// addresses stay IPv6: they are distinct addresses (isForbiddenAddress() looks inside them).
+/// to IPv4, so no rule can be bypassed by re-spelling. 6to4, Teredo, local-use NAT64 and
+/// IPv4-translated (::ffff:0:a.b.c.d) addresses stay IPv6: they are distinct addresses
+/// (isForbiddenAddress() looks inside them).
 asio::ip::address canonicalAddress(const asio::ip::address& addr);
 
 /// True if `addr` (after canonicalAddress()) is in space no external flow may reach:
@@ -52,7 +53,8 @@ asio::ip::address canonicalAddress(const asio::ip::address& addr);
 /// inverted, is), local-use NAT64 64:ff9b:1::/48 (RFC 8215, read with the /48 layout of
 /// RFC 6052 §2.2: bits 48-63 and 72-87; a network that carves a longer NAT64 prefix out of
 /// it, e.g. 64:ff9b:1::/96, must allow that prefix with --allow-destination, since its
-/// addresses read as 0.0.0.0 under the /48 layout).
+/// addresses read as 0.0.0.0 under the /48 layout), IPv4-translated ::ffff:0:0:0/96
+/// (RFC 2765 §2.1, SIIT; the last 32 bits).
 bool isForbiddenAddress(const asio::ip::address& addr);
 
 /// The operator's exceptions to isForbiddenAddress() (--allow-destination, repeatable).

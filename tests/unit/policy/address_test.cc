@@ -196,7 +196,7 @@ asio::ip::address v6From(std::array<unsigned char, 16> bytes) {
 
 // Every embedded spelling of `v4` (dotted quad): mapped, compatible, 6to4 (two subnets and
 // hosts), Teredo as server and as client (each with a public partner), NAT64 /96 and
-// local-use /48 (with a zero and a non-zero "u" octet and suffix).
+// local-use /48 (with a zero and a non-zero "u" octet and suffix), IPv4-translated (SIIT).
 std::vector<asio::ip::address> embeddedForms(const char* v4_text) {
   const auto v4 = asio::ip::make_address_v4(v4_text).to_bytes();
   const std::array<unsigned char, 4> pub = {8, 8, 8, 8};
@@ -215,6 +215,8 @@ std::vector<asio::ip::address> embeddedForms(const char* v4_text) {
                           static_cast<unsigned char>(~v4[2]), static_cast<unsigned char>(~v4[3])}));
   forms.push_back(
       v6From({0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0, v4[0], v4[1], v4[2], v4[3]}));
+  // IPv4-translated (SIIT, ::ffff:0:a.b.c.d).
+  forms.push_back(v6From({0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, v4[0], v4[1], v4[2], v4[3]}));
   forms.push_back(v6From({0, 0x64, 0xff, 0x9b, 0, 1, v4[0], v4[1], 0, v4[2], v4[3]}));
   forms.push_back(v6From(
       {0, 0x64, 0xff, 0x9b, 0, 1, v4[0], v4[1], 0xff, v4[2], v4[3], 0xff, 0xff, 0xff, 0xff, 0xff}));
@@ -260,6 +262,8 @@ TEST(AddressEmbeddedIpv4Test, LiteralSpellingsOfTheLayouts) {
            "64:ff9b:1:e000:0:100::",              // NAT64 local /48 224.0.0.1
            "64:ff9b:1:6440:0:100::",              // NAT64 local /48 100.64.0.1
            "64:ff9b:1:7f00:ff00:1ff:ffff:ffff",   // u octet and suffix set: still 127.0.0.1
+           "::ffff:0:7f00:2",                     // IPv4-translated 127.0.0.2
+           "::ffff:0:169.254.169.254",            // IPv4-translated, dotted
        }) {
     EXPECT_TRUE(isForbiddenAddress(ip(text))) << text;
   }
@@ -271,6 +275,8 @@ TEST(AddressEmbeddedIpv4Test, LiteralSpellingsOfTheLayouts) {
            "64:ff9b:1:c633:64:700::",             // NAT64 local /48 198.51.100.7
            "2001:1::1", "2001:db8::7f00:1", "2003:7f00:1::", "2001:4860::8888",
            "64:ff9b:2:7f00:0:100::",  // outside both NAT64 prefixes
+           "::ffff:0:c633:6407",      // IPv4-translated 198.51.100.7
+           "::1:ffff:0:7f00:1",       // not the IPv4-translated prefix
        }) {
     EXPECT_FALSE(isForbiddenAddress(ip(text))) << text;
   }
@@ -290,10 +296,10 @@ TEST(AddressEmbeddedIpv4Test, OddSpellingsParseToTheSameAddress) {
 }
 
 TEST(AddressEmbeddedIpv4Test, CanonicalAddressKeepsTheseFormsIpv6) {
-  // 2002::/16, 2001::/32 and 64:ff9b:1::/48 are distinct, routable IPv6 addresses; only the
+  // 2002::/16, 2001::/32, 64:ff9b:1::/48 and ::ffff:0:0:0/96 are distinct IPv6 addresses; only the
   // forbidden check looks inside them.
-  for (const char* text :
-       {"2002:7f00:1::", "2001:0:808:808:8000:f227:80ff:fffe", "64:ff9b:1:7f00:0:100::"}) {
+  for (const char* text : {"2002:7f00:1::", "2001:0:808:808:8000:f227:80ff:fffe",
+                           "64:ff9b:1:7f00:0:100::", "::ffff:0:7f00:1"}) {
     EXPECT_EQ(canonicalAddress(ip(text)), ip(text)) << text;
   }
   EXPECT_NE(Cidr::parse("2002:7f00:1::/48").text(), "127.0.0.1/32");
