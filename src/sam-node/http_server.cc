@@ -31,6 +31,9 @@ namespace {
 
 // Request line plus header fields; a larger head is answered 431 (RFC 6585 §5).
 constexpr size_t kMaxHeadBytes = size_t{64} * 1024;
+// Header fields in one head (as Apache's LimitRequestFields): each is a pair of strings here,
+// so 64 KiB of empty "a:" fields would otherwise cost megabytes. More → 431 as well.
+constexpr size_t kMaxHeaderFields = 100;
 constexpr size_t kReadBuffer = size_t{64} * 1024;
 
 using Clock = std::chrono::steady_clock;
@@ -44,6 +47,9 @@ struct Parse {
   bool in_value = false;
   size_t head_bytes = 0;
   bool head_too_large = false;
+  bool too_many_fields = false;
+  bool upgrade = false;        // Upgrade or CONNECT: refused before any handler runs
+  std::string bad_field_name;  // a field name that is not a token (RFC 9110 §5.1)
   bool body_too_large = false;
   bool complete = false;
   bool in_message = false;     // a request's first byte arrived, its last one not yet
@@ -75,6 +81,9 @@ int onMessageBegin(llhttp_t* p) {
   s.req = Request{};
   s.in_value = false;
   s.head_bytes = 0;
+  s.too_many_fields = false;
+  s.upgrade = false;
+  s.bad_field_name.clear();
   s.complete = false;
   s.in_message = true;
   s.head_complete = false;
@@ -93,6 +102,10 @@ int onHeaderField(llhttp_t* p, const char* at, size_t len) {
   Parse& s = Parse::of(p);
   if (!s.countHead(len)) return -1;
   if (s.in_value || s.req.headers.empty()) {
+    if (s.req.headers.size() >= kMaxHeaderFields) {
+      s.too_many_fields = true;
+      return -1;
+    }
     s.req.headers.emplace_back();
     s.in_value = false;
   }
@@ -112,6 +125,20 @@ int onHeadersComplete(llhttp_t* p) {
   Parse& s = Parse::of(p);
   s.head_complete = true;
   s.req.method = llhttp_method_name(static_cast<llhttp_method_t>(p->method));
+  // llhttp sets `upgrade` before this callback (Connection: upgrade with Upgrade, or CONNECT):
+  // refused here, so that no handler answers a request whose next bytes are another protocol.
+  if (p->upgrade != 0) {
+    s.upgrade = true;
+    return -1;
+  }
+  // "Host :" is not "Host" (RFC 9112 §5.1: whitespace before the colon is a 400): such a
+  // name would pass the node's header filters and reach the upstream as written.
+  for (const auto& field : s.req.headers) {
+    if (!proto::isToken(field.first)) {
+      s.bad_field_name = field.first.substr(0, 64);
+      return -1;
+    }
+  }
   // A declared length over the cap is refused before any of the body is read.
   if ((p->flags & F_CONTENT_LENGTH) != 0 && p->content_length > kMaxRequestBody) {
     s.body_too_large = true;
@@ -387,7 +414,7 @@ void HttpServer::Impl::serveConnection(common::UniqueFd fd) {
         llhttp_resume(&parser);
         continue;
       }
-      if (err == HPE_PAUSED_UPGRADE) {
+      if (err == HPE_PAUSED_UPGRADE || state.upgrade) {
         // No protocol upgrade here (RFC 9110 §7.8: a server may ignore Upgrade, but the
         // bytes after the head would be the other protocol's): refuse and close.
         refused("request refused", "upgrade-not-supported");
@@ -403,6 +430,16 @@ void HttpServer::Impl::serveConnection(common::UniqueFd fd) {
         refused("request refused", "body-too-large");
         sendError(fd.get(), 413, "body-too-large",
                   "request body larger than " + std::to_string(kMaxRequestBody) + " bytes");
+      } else if (state.too_many_fields) {
+        refused("request refused", "head-too-large", {{"limit_fields", kMaxHeaderFields}});
+        sendError(
+            fd.get(), 431, "head-too-large",
+            "request head has more than " + std::to_string(kMaxHeaderFields) + " header fields");
+      } else if (!state.bad_field_name.empty()) {
+        refused("request refused", "malformed-request", {{"detail", "field name not a token"}});
+        sendError(fd.get(), 400, "malformed-request",
+                  "header field name \"" + state.bad_field_name +
+                      "\" is not a token (RFC 9110 §5.1; no whitespace before the colon)");
       } else if (state.head_too_large) {
         refused("request refused", "head-too-large");
         sendError(fd.get(), 431, "head-too-large",

@@ -35,11 +35,51 @@ constexpr std::chrono::milliseconds kCallTimeout{300000};
 /// service names are RFC 1123 labels).
 constexpr std::string_view kNoService = "(none)";
 
+/// Upstream MCP answers buffered at once, all requests together (bytes). Each answer byte is
+/// counted kAnswerMemoryFactor times: the raw body, its parsed JSON and the reply's
+/// serialization are alive at once. Past it a tool call gets a node-busy error result.
+constexpr size_t kAnswersHeldLimit = size_t{256} * 1024 * 1024;
+constexpr size_t kAnswerMemoryFactor = 3;
+
 /// A failure talking to an upstream MCP server; what() names the service and the reason.
 class McpUpstreamError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+/// The answer would take the node past kAnswersHeldLimit: nothing is wrong with the upstream.
+class McpNodeBusy : public McpUpstreamError {
+ public:
+  using McpUpstreamError::McpUpstreamError;
+};
+
+/// The memory of upstream answers held by every request (`held`), and this thread's share of
+/// it: one thread serves one request at a time (http.h), and gives its share back when the
+/// request is answered (AnswerRelease).
+class AnswerBudget {
+ public:
+  /// Counts `bytes` of answer more for this thread's request; false (nothing counted) if that
+  /// would pass kAnswersHeldLimit.
+  bool take(size_t bytes) {
+    const size_t cost = bytes * kAnswerMemoryFactor;
+    if (held_.fetch_add(cost) + cost > kAnswersHeldLimit) {
+      held_.fetch_sub(cost);
+      return false;
+    }
+    tl_held_ += cost;
+    return true;
+  }
+  /// Gives back what this thread's request took.
+  void releaseThread() {
+    held_.fetch_sub(tl_held_);
+    tl_held_ = 0;
+  }
+
+ private:
+  std::atomic<size_t> held_{0};
+  static thread_local size_t tl_held_;
+};
+thread_local size_t AnswerBudget::tl_held_ = 0;
 
 struct Session {
   std::string id;       ///< Mcp-Session-Id the upstream assigned; empty = none
@@ -53,6 +93,7 @@ struct Exchange {
   std::string session_id;
   std::optional<json> response;  ///< the JSON-RPC response with our id, if any
   std::string detail;            ///< why there is none, for errors
+  bool busy = false;             ///< abandoned: the answer would pass kAnswersHeldLimit
 };
 
 std::string randomHex(size_t bytes) {
@@ -70,7 +111,8 @@ std::string randomHex(size_t bytes) {
 /// notifications/initialized, then requests with the session id).
 class UpstreamClient {
  public:
-  explicit UpstreamClient(const Service& service) : service_(service) {}
+  UpstreamClient(const Service& service, AnswerBudget& budget)
+      : service_(service), budget_(budget) {}
 
   /// Sends one request; returns the JSON-RPC response message (result or error). Starts a
   /// session first if there is none, and once more if the upstream forgot ours (404).
@@ -186,6 +228,12 @@ class UpstreamClient {
       return true;
     };
     auto on_data = [&](std::string_view data) {
+      // Counted as it arrives, SSE included (an event is held until it ends); given back when
+      // the request that asked is answered.
+      if (!budget_.take(data.size())) {
+        ex.busy = true;
+        return false;
+      }
       if (!sse || ex.status != 200) {
         if (body.size() + data.size() > kMaxUpstreamBody) {
           ex.detail = "response larger than 16 MiB";
@@ -218,6 +266,11 @@ class UpstreamClient {
     } catch (const UpstreamError& e) {
       throw McpUpstreamError("mcp service " + service_.name + " unreachable: " + e.what());
     }
+    if (ex.busy) {
+      throw McpNodeBusy("the node already holds " + std::to_string(kAnswersHeldLimit >> 20) +
+                        " MiB of tool answers (each counted at " +
+                        std::to_string(kAnswerMemoryFactor) + "x its size)");
+    }
     if (ex.status == 200 && !sse && !id.is_null()) {
       UntrustedJson parsed = parseUntrustedJson(body);
       if (!parsed.ok()) {
@@ -236,6 +289,7 @@ class UpstreamClient {
   }
 
   const Service& service_;
+  AnswerBudget& budget_;
   std::mutex mu_;  ///< guards session_, held while a session starts
   Session session_;
   std::atomic<int64_t> next_id_{1};
@@ -247,12 +301,13 @@ struct McpAggregator::Impl {
   explicit Impl(Node& n) : node(n) {
     for (const auto& service : node.config.services) {
       if (service.type == ServiceType::kMcp) {
-        clients.emplace(service.name, std::make_unique<UpstreamClient>(service));
+        clients.emplace(service.name, std::make_unique<UpstreamClient>(service, answers));
       }
     }
   }
 
   Node& node;
+  AnswerBudget answers;  ///< before `clients`, which refer to it
   /// One client per mcp service; built once, so the map itself needs no lock.
   std::map<std::string, std::unique_ptr<UpstreamClient>, std::less<>> clients;
   std::mutex cache_mu;
@@ -411,6 +466,20 @@ struct McpAggregator::Impl {
       node.metrics.request("mcp", "allowed");
       response["id"] = id;  // the upstream answered our id; the caller gets its own back
       return response;
+    } catch (const McpNodeBusy& e) {
+      log::warn("mcp tool call refused", {{"caller", req.agent},
+                                          {"tool", tool},
+                                          {"service", *service},
+                                          {"decision", "denied"},
+                                          {"reason", "node-busy"},
+                                          {"detail", e.what()}});
+      node.metrics.toolCall(*service, "denied");
+      node.metrics.refusal("node-busy");
+      node.metrics.request("mcp", "denied");
+      return mcp::rpcResult(
+          id, mcp::toolErrorResult("tool \"" + tool +
+                                   "\" not answered: the node holds as many "
+                                   "tool results as it may at once (node-busy); retry later"));
     } catch (const McpUpstreamError& e) {
       log::error("mcp tool call failed", {{"caller", req.agent},
                                           {"tool", tool},
@@ -488,6 +557,11 @@ struct McpAggregator::Impl {
   }
 
   void serve(const Request& req, ResponseWriter& out) {
+    // Whatever this request took of the answer budget is given back once it is answered.
+    struct Release {
+      AnswerBudget& budget;
+      ~Release() { budget.releaseThread(); }
+    } const release{answers};
     if (req.agent.empty()) {
       refuse(node, req, out, "mcp", 401, "missing-agent-identity",
              "X-Sam-Agent is missing: requests reach sam-node through sam-box");

@@ -131,21 +131,22 @@ void dispatch(Node& node, McpAggregator& mcp, A2aDirectory& a2a, Operations& ops
                                  : under("/ops") ? "ops"
                                                  : "other";
   const AccessLog access(req, out, route);
-  // Identity first: sam-box always sets it, so a request without one did not come through a
-  // boundary (or came from an egress-only box), and no route may answer it.
-  if (req.agent.empty()) {
-    refuse(node, req, out, route, 401, "missing-agent-identity",
-           "no X-Sam-Agent: requests reach the node through the agent's sam-box");
-    return;
-  }
-  // sam-box sets exactly one. Two (in any spelling) mean the request did not come as sam-box
-  // sent it; taking either one would be a guess about who is asking.
+  // Identity first. sam-box sets exactly one X-Sam-Agent. Two (in any spelling, even if one
+  // is empty) mean the request did not come as sam-box sent it; taking either one would be a
+  // guess about who is asking.
   size_t agent_fields = 0;
   for (const auto& h : req.headers)
     if (isAgentField(h.first)) ++agent_fields;
   if (agent_fields > 1) {
     refuse(node, req, out, route, 400, "ambiguous-agent-identity",
            "more than one X-Sam-Agent field: requests carry exactly one, set by sam-box");
+    return;
+  }
+  // sam-box always sets it, so a request without one did not come through a boundary (or came
+  // from an egress-only box), and no route may answer it.
+  if (req.agent.empty()) {
+    refuse(node, req, out, route, 401, "missing-agent-identity",
+           "no X-Sam-Agent: requests reach the node through the agent's sam-box");
     return;
   }
   warnOnceIfNoRole(node, req.agent);

@@ -93,6 +93,14 @@ def test_duplicate_x_sam_agent_is_refused(sock):
     assert r.status == 400, r.body
 
 
+def test_an_empty_x_sam_agent_beside_a_real_one_is_ambiguous_not_missing(sock):
+    """Two fields are ambiguous whatever they hold: an empty one first made the node answer
+    401 missing-agent-identity (router.cc checked the first value before counting fields)."""
+    r = call(sock, "GET", "/v1/models", "", [("X-Sam-Agent", READER)])
+    assert r.status == 400, r.body
+    assert r.header("Sam-Node-Reason") == "ambiguous-agent-identity"
+
+
 def test_pipelined_requests_each_answer_for_their_own_agent(sock):
     def get(agent, last=False):
         return (f"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Sam-Agent: {agent}\r\n"
@@ -115,7 +123,8 @@ def test_pipelined_requests_each_answer_for_their_own_agent(sock):
     (b"GET /v1/models HTTP/1.1\r\nX-Sam-Agent: r\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n", 431),
     (b"POST /v1/x HTTP/1.1\r\nX-Sam-Agent: r\r\nContent-Length: 99999999999\r\n\r\n", 413),
     (b"GET /v1/models HTTP/1.1\r\nX-Sam-Agent: r\nBad\x00: x\r\n\r\n", 400),
-    (b"GET /v1/models HTTP/1.1\r\nX-Sam-Agent : r\r\nConnection: close\r\n\r\n", 401),
+    # A space before the colon makes the name no token (RFC 9112 §5.1): not a missing identity.
+    (b"GET /v1/models HTTP/1.1\r\nX-Sam-Agent : r\r\nConnection: close\r\n\r\n", 400),
 ])
 def test_malformed_or_oversized_requests_are_refused(sock, request_bytes, status):
     answer = raw(sock, request_bytes)
@@ -305,6 +314,74 @@ def test_deeply_nested_tool_schema_from_an_upstream_does_not_kill_the_node(world
     finally:
         world.mcp.respond = mcp_respond(lambda: world.tools)
 
+
+
+def big_tool_answers(world, calls, text_bytes):
+    """An MCP respond() whose tools/call answers carry `text_bytes` of text. Each answer is
+    held back until `calls` tools/calls have arrived, and its last bytes until every one of
+    them has sent the rest or found its connection closed: all are in the node at once."""
+    arrived = threading.Barrier(calls, timeout=60)
+    sent = threading.Barrier(calls, timeout=60)
+    fallback = mcp_respond(lambda: world.tools)
+
+    def respond(h, method, body):
+        msg = json.loads(body) if body else {}
+        if msg.get("method") != "tools/call":
+            return fallback(h, method, body)
+        head = ('{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"'
+                % json.dumps(msg["id"])).encode()
+        tail = b'"}]}}'
+        arrived.wait()
+        try:
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(head) + text_bytes + len(tail)))
+            h.end_headers()
+            h.wfile.write(head + b"x" * (text_bytes - 1))
+            h.wfile.flush()
+        except OSError:
+            pass  # the node gave up on this answer
+        finally:
+            sent.wait()
+        try:
+            h.wfile.write(b"x" + tail)
+        except OSError:
+            pass
+    return respond
+
+
+def test_tool_answers_past_the_nodes_budget_get_an_error_result(world, fresh_node):
+    """HOLE (unbounded memory, review of 2026-12-02): upstream MCP answers were buffered (up
+    to 16 MiB each, then parsed and serialized again) outside any budget, so 20 concurrent
+    calls of a granted tool with a 15 MB result took the node from 58 to 794 MiB. mcp.cc now
+    counts every answer against 256 MiB (3x its size); a call past it gets an isError result
+    naming node-busy, counted as a refusal, and the budget comes back when calls end."""
+    calls, size = 8, 14 * 1024 * 1024  # 8 x 14 MiB x 3 = 336 MiB: 6 fit, the rest do not
+    world.mcp.respond = big_tool_answers(world, calls, size)
+    try:
+        results = [None] * calls
+
+        def one(i):
+            results[i] = tool_call(fresh_node.socket_path, READER, "read")
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(calls)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        assert all(r is not None and r.status == 200 for r in results), results
+        answers = [r.json()["result"] for r in results]
+        busy = [a for a in answers if a.get("isError")]
+        whole = [a for a in answers if not a.get("isError")]
+        assert busy and all("node-busy" in a["content"][0]["text"] for a in busy), busy
+        assert whole and all(len(a["content"][0]["text"]) == size for a in whole)
+        assert fresh_node.metric('sam_node_refusals_total{reason="node-busy"}') == len(busy)
+        # Everything held was given back: a call that fits alone is answered whole again.
+        world.mcp.respond = big_tool_answers(world, 1, size)
+        again = tool_call(fresh_node.socket_path, READER, "read").json()["result"]
+        assert not again.get("isError") and len(again["content"][0]["text"]) == size
+    finally:
+        world.mcp.respond = mcp_respond(lambda: world.tools)
 
 
 # ---------------------------------------------------------------------------------------

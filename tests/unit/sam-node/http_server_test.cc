@@ -176,6 +176,69 @@ TEST(HttpServerTest, MalformedRequestIs400AndClosed) {
   }
 }
 
+TEST(HttpServerTest, AFieldNameWithSpaceBeforeTheColonIs400AndNoHandlerRuns) {
+  // "Host :" would pass the node's field filters by name and reach the upstream as written.
+  bool called = false;
+  Served s([&](const Request& req, ResponseWriter& out) {
+    called = true;
+    echo()(req, out);
+  });
+  for (const char* bad : {"GET / HTTP/1.1\r\nHost : evil.example\r\n\r\n",
+                          "GET / HTTP/1.1\r\nAuthorization  : Bearer k\r\n\r\n"}) {
+    SCOPED_TRACE(bad);
+    auto fd = s.connect();
+    sendAll(fd.get(), bad);
+    const std::string answer = readToEof(fd.get());
+    EXPECT_THAT(answer, StartsWith("HTTP/1.1 400 "));
+    EXPECT_THAT(answer, HasSubstr("is not a token"));
+    EXPECT_EQ(count(answer, "HTTP/1.1 "), 1U);
+  }
+  EXPECT_FALSE(called);
+  EXPECT_THAT(s.refusals(), testing::ElementsAre("malformed-request", "malformed-request"));
+}
+
+TEST(HttpServerTest, AnUpgradeOrConnectGetsOne400AndNoHandlerRuns) {
+  bool called = false;
+  Served s([&](const Request& req, ResponseWriter& out) {
+    called = true;
+    echo()(req, out);
+  });
+  for (const char* bad :
+       {"GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+        "GET / HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\nPRI * HTTP/2.0\r\n",
+        "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"}) {
+    SCOPED_TRACE(bad);
+    auto fd = s.connect();
+    sendAll(fd.get(), bad);
+    const std::string answer = readToEof(fd.get());
+    EXPECT_THAT(answer, StartsWith("HTTP/1.1 400 "));
+    EXPECT_THAT(answer, HasSubstr("upgrade-not-supported"));
+    EXPECT_EQ(count(answer, "HTTP/1.1 "), 1U);
+  }
+  EXPECT_FALSE(called);
+}
+
+TEST(HttpServerTest, AHeadOfManySmallFieldsIs431) {
+  // 65,000 empty fields fit in 64 KiB of wire bytes but not in memory: the field count is
+  // limited as well.
+  Served s(echo());
+  std::string head = "GET / HTTP/1.1\r\n";
+  for (int i = 0; i < 101; ++i) head += "a:\r\n";
+  head += "\r\n";
+  auto fd = s.connect();
+  sendAll(fd.get(), head);
+  const std::string answer = readToEof(fd.get());
+  EXPECT_THAT(answer, StartsWith("HTTP/1.1 431 "));
+  EXPECT_THAT(answer, HasSubstr("more than 100 header fields"));
+  // 100 fields are still a request.
+  std::string fine = "GET / HTTP/1.1\r\n";
+  for (int i = 0; i < 99; ++i) fine += "a:\r\n";
+  fine += "Connection: close\r\n\r\n";
+  auto ok = s.connect();
+  sendAll(ok.get(), fine);
+  EXPECT_THAT(readToEof(ok.get()), StartsWith("HTTP/1.1 200 "));
+}
+
 TEST(HttpServerTest, DeclaredOversizedBodyIs413BeforeTheBodyIsRead) {
   bool called = false;
   Served s([&](const Request&, ResponseWriter& out) {
