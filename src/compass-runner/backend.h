@@ -64,20 +64,6 @@ inline void undoNewestFirst(std::vector<std::function<void()>>& undos) noexcept 
   undos.clear();
 }
 
-/// Runs `f`, the step `name` of a tier's start, and returns what it returns. A SpecRefused
-/// passes as it is (a refusal of the request, worded for the operator already); any other
-/// failure becomes RunnerError(stepMessage(name, what)).
-template <typename F>
-auto step(const char* name, F&& f) {
-  try {
-    return f();
-  } catch (const SpecRefused&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw RunnerError(stepMessage(name, e.what()));
-  }
-}
-
 /// start() saw, before the agent was executed, that the runner had been asked to stop
 /// (AgentSpec::stop_signal): what it made is undone and the agent never ran. `signal()` is the
 /// signal number (the runner exits 128 + it, as for a stop before start()).
@@ -91,6 +77,22 @@ class StoppedBeforeStart : public RunnerError {
  private:
   int sig_;
 };
+
+/// Runs `f`, the step `name` of a tier's start, and returns what it returns. A SpecRefused or
+/// StoppedBeforeStart passes as it is (a refusal worded for the operator already, or a stop);
+/// any other failure becomes RunnerError(stepMessage(name, what)).
+template <typename F>
+auto step(const char* name, F&& f) {
+  try {
+    return f();
+  } catch (const SpecRefused&) {
+    throw;
+  } catch (const StoppedBeforeStart&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw RunnerError(stepMessage(name, e.what()));
+  }
+}
 
 /// How egress is held (seed 002 "Egress"; DESIGN.md "Two egress mechanisms").
 enum class Posture { kBoundary, kFirewall, kUnenforced };

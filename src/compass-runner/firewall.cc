@@ -148,10 +148,11 @@ bool runNft(const std::string& id, const std::string& batch, const std::string& 
 
 class FirewallEgress final : public Egress {
  public:
-  FirewallEgress(std::string id, std::string netns_name,
+  FirewallEgress(std::string id, std::string netns_name, StopSignalFn stop_signal,
                  std::function<void(const Addressing&)> on_addressed = nullptr)
       : id_(std::move(id)),
         netns_name_(std::move(netns_name)),
+        stop_signal_(std::move(stop_signal)),
         on_addressed_(std::move(on_addressed)) {}
   ~FirewallEgress() override { teardown(); }
 
@@ -190,6 +191,8 @@ class FirewallEgress final : public Egress {
   static void named(const std::string& name, const std::function<void()>& fn) {
     try {
       fn();
+    } catch (const StoppedBeforeStart&) {
+      throw;  // not a failure of the step: the runner was asked to stop
     } catch (const std::exception& e) {
       throw RunnerError("egress firewall: " + stepMessage(name, e.what()));
     }
@@ -388,6 +391,11 @@ class FirewallEgress final : public Egress {
   void preResolve(const policy::Allowlist& allow, const AskFn& query) {
     for (const auto& rule : allow.rules()) {
       if (rule.wildcard) continue;  // `*.x` names are opened when the agent asks for them
+      // A long allowlist takes a while (each answer loads its elements with `nft`): a stop
+      // asked for meanwhile ends arming here rather than after the last name.
+      if (const int sig = stop_signal_ ? stop_signal_() : 0; sig != 0) {
+        throw StoppedBeforeStart(sig);
+      }
       // A and AAAA at once (each waits on the upstream resolver); checked in this order.
       auto ask = [&](uint16_t qtype, const std::string& server) {
         return std::async(std::launch::async,
@@ -455,6 +463,7 @@ class FirewallEgress final : public Egress {
 
   std::string id_;
   std::string netns_name_;
+  StopSignalFn stop_signal_;
   std::function<void(const Addressing&)> on_addressed_;
   Addressing net_;
   std::unique_ptr<DnsForwarder> forwarder_;
@@ -486,10 +495,11 @@ policy::Allowlist checkedAllowlist(const std::string& id, const std::string& net
 }  // namespace
 
 std::unique_ptr<Egress> arm(const std::string& id, const std::string& netns_name,
-                            const std::vector<std::string>& allow,
+                            const std::vector<std::string>& allow, StopSignalFn stop_signal,
                             const std::function<void(const Addressing&)>& on_addressed) {
   const policy::Allowlist list = checkedAllowlist(id, netns_name, allow);
-  auto egress = std::make_unique<FirewallEgress>(id, netns_name, on_addressed);
+  auto egress =
+      std::make_unique<FirewallEgress>(id, netns_name, std::move(stop_signal), on_addressed);
   try {
     egress->arm(list);
   } catch (...) {
@@ -501,14 +511,14 @@ std::unique_ptr<Egress> arm(const std::string& id, const std::string& netns_name
 
 std::unique_ptr<Egress> armForGuest(const std::string& id, const std::string& netns_name,
                                     const std::vector<std::string>& allow, const std::string& tap,
-                                    ApplyFn apply) {
+                                    ApplyFn apply, StopSignalFn stop_signal) {
   const policy::Allowlist list = checkedAllowlist(id, netns_name, allow);
   if (tap.empty() || tap.size() > 15 ||
       tap.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789") != std::string::npos) {
     throw RunnerError("egress firewall: tap name \"" + tap + "\": expected 1..15 of [a-z0-9]");
   }
   if (!apply) throw RunnerError("egress firewall: no way to reach the guest's ruleset");
-  auto egress = std::make_unique<FirewallEgress>(id, netns_name);
+  auto egress = std::make_unique<FirewallEgress>(id, netns_name, std::move(stop_signal));
   try {
     egress->armForGuest(list, tap, std::move(apply));
   } catch (...) {

@@ -33,6 +33,10 @@ class Egress {
   virtual void teardown() noexcept = 0;
 };
 
+/// Asked between steps of a long arming: non-zero (a signal number) if the runner was asked to
+/// stop (AgentSpec::stop_signal). May be empty (never stop).
+using StopSignalFn = std::function<int()>;
+
 /// Arms egress for agent `id` in the netns `netns_name` (/run/netns/<name>, already created,
 /// holding only lo): veth pair (host `cv<id>`, sandbox `eth0`) with IPv4 and IPv6 addresses
 /// and default routes, host forwarding + masquerade, the DNS forwarder, then the ruleset with
@@ -46,9 +50,11 @@ class Egress {
 /// chosen, before anything is made, with the final addresses (its host4/host6 are the
 /// resolver): a caller arming on another thread can start the container meanwhile, holding
 /// the agent back until arm() returns. It must not throw; it is not called if arm() fails
-/// before the slot is chosen.
+/// before the slot is chosen. `stop_signal` is asked before each allowed name is pre-resolved:
+/// non-zero tears down what was made and throws StoppedBeforeStart (backend.h) with it.
 std::unique_ptr<Egress> arm(const std::string& id, const std::string& netns_name,
                             const std::vector<std::string>& allow,
+                            StopSignalFn stop_signal = nullptr,
                             const std::function<void(const Addressing&)>& on_addressed = nullptr);
 
 /// Applies one batch of `add element` commands (addElementsBatch(), one command per line) to
@@ -70,10 +76,11 @@ using ApplyFn = std::function<bool(const std::string& batch)>;
 /// each allowed name (A and AAAA) through the forwarder's own answer path, as the podman tier's
 /// queries from the netns are answered, so `apply` is first called (from this thread) before
 /// the guest exists: the caller collects those batches into the ruleset the guest loads. Throws
-/// RunnerError("egress firewall: <step>: <reason>"); on throw nothing is left.
+/// RunnerError("egress firewall: <step>: <reason>"), or StoppedBeforeStart when `stop_signal`
+/// (as for arm()) turns non-zero during pre-resolve; on throw nothing is left.
 std::unique_ptr<Egress> armForGuest(const std::string& id, const std::string& netns_name,
                                     const std::vector<std::string>& allow, const std::string& tap,
-                                    ApplyFn apply);
+                                    ApplyFn apply, StopSignalFn stop_signal = nullptr);
 
 /// For gc: removes the host-side state (veth, NAT rules) a dead runner left for `id`.
 /// Idempotent; never throws.

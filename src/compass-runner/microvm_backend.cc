@@ -275,11 +275,13 @@ class MicrovmBackend final : public Backend {
       guest_ruleset_ = std::make_unique<GuestRuleset>(*control_);
       step("egress firewall", [&] {
         egress_ = firewall::armForGuest(
-            spec.id, netns_, spec.egress_allow, kTapName, [this](const std::string& batch) {
+            spec.id, netns_, spec.egress_allow, kTapName,
+            [this](const std::string& batch) {
               if (guest_exists_) return guest_ruleset_->apply(batch);
               initial_elements_ += batch;  // pre-resolve, under the Admitter's lock
               return true;
-            });
+            },
+            spec.stop_signal);
       });
       undo_.emplace_back([this] { egress_->teardown(); });
     } else {

@@ -276,20 +276,21 @@ class PodmanBackend final : public Backend {
       auto addressed = std::make_shared<std::promise<firewall::Addressing>>();
       std::future<firewall::Addressing> addresses = addressed->get_future();
       arming_go_ = std::make_shared<std::promise<void>>();
-      arming = std::async(std::launch::async, [id = spec.id, ns, allow = spec.egress_allow,
-                                               addressed, go = arming_go_->get_future().share()] {
-        bool told = false;
-        try {
-          return firewall::arm(id, ns, allow, [&](const firewall::Addressing& a) {
-            told = true;
-            addressed->set_value(a);
-            go.wait();
+      arming = std::async(
+          std::launch::async, [id = spec.id, ns, allow = spec.egress_allow, stop = spec.stop_signal,
+                               addressed, go = arming_go_->get_future().share()] {
+            bool told = false;
+            try {
+              return firewall::arm(id, ns, allow, stop, [&](const firewall::Addressing& a) {
+                told = true;
+                addressed->set_value(a);
+                go.wait();
+              });
+            } catch (...) {
+              if (!told) addressed->set_exception(std::current_exception());
+              throw;
+            }
           });
-        } catch (...) {
-          if (!told) addressed->set_exception(std::current_exception());
-          throw;
-        }
-      });
       // Registered before the container's own undo, so it runs after the container is gone.
       undo_.emplace_back([this] { teardownEgress(); });
       const firewall::Addressing a = step("firewall", [&] {

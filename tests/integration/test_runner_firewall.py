@@ -714,6 +714,45 @@ def test_podman_sigterm_while_arming_keeps_the_gate_shut(runner_hosts, tmp):
     assert _agent_traces() == before
 
 
+def test_podman_sigterm_while_pre_resolving_a_long_allowlist_stops_at_once(runner_hosts, tmp):
+    """HOLE (review of 2026-12-02): a stop during pre-resolve waited for every allowed name
+    (2,100 names: over a minute, so `compass-runner stop` gave up after 30 s). Arming now asks
+    before each name. Here 60 rules (one name, 60 ports) each load their elements through an
+    `nft` that counts the loads and takes 0.3 s over each; SIGTERM comes after the first
+    load: the runner stops with 143 having loaded a few, not all 60 rules' elements."""
+    why = _podman_firewall_ready()
+    if why:
+        pytest.skip(why)
+    real = shutil.which("nft")
+    fake_dir = pathlib.Path(tmp) / "nft-count"
+    fake_dir.mkdir()
+    loads = fake_dir / "loads"
+    (fake_dir / "nft").write_text(f"""#!/bin/sh
+case " $* " in *" -f - "*)
+  input=$(cat)
+  case "$input" in *"add element"*) echo load >> {loads}; sleep 0.3 ;; esac
+  printf '%s\\n' "$input" | exec {real} "$@" ;;
+esac
+exec {real} "$@"
+""")
+    (fake_dir / "nft").chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake_dir}:{os.environ.get('PATH', '/usr/sbin:/usr/bin')}")
+    rules = 60
+    before = _agent_traces()
+    p, out, err = sigterm_once_started(
+        _firewall_argv("sh", "-c", "echo AGENT-RAN",
+                       allow=[f"{rh.ALLOWED}:{port}" for port in range(1, rules + 1)]),
+        env, lambda: boxlib.wait_for(lambda: loads.exists(), timeout=60,
+                                     what="the first pre-resolved name's elements"),
+        timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM before the agent started" in err, err
+    assert "AGENT-RAN" not in out + err
+    done = len(loads.read_text().splitlines())
+    assert done < rules // 2, f"{done} element loads after the stop: pre-resolve went on"
+    assert _agent_traces() == before
+
+
 def test_podman_runner_killed_with_a_running_agent_stops_it(runner_hosts, tmp):
     # kill -9 of the runner once the agent runs: nano-init supervise --lifeline sees the
     # runner's end of the gate close and stops the agent as on SIGTERM; gc removes the rest.
