@@ -1,6 +1,7 @@
 #include "policy/allowlist.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 
 #include "policy/name.h"
@@ -54,7 +55,13 @@ AllowRule parseAllowRule(std::string_view entry) {
         "a path is not an allowlist entry: give the host name only, e.g. \"pypi.org\" or "
         "\"pypi.org:443\"");
   }
-  if (entry.front() == '[' || std::count(entry.begin(), entry.end(), ':') > 1 ||
+  // Several colons are an IPv6 literal unless what comes before the first one cannot begin
+  // one ("x.test:80:80" is a name with a bad port, and is told so below).
+  const std::string_view before_colon = entry.substr(0, entry.find(':'));
+  const bool ipv6_like = std::all_of(before_colon.begin(), before_colon.end(), [](char c) {
+    return std::isxdigit(static_cast<unsigned char>(c));
+  });
+  if (entry.front() == '[' || (std::count(entry.begin(), entry.end(), ':') > 1 && ipv6_like) ||
       isIpLiteral(entry)) {
     throw AllowRuleError("IP literal not allowed: the allowlist holds names only");
   }

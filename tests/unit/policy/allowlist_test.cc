@@ -97,6 +97,12 @@ TEST(ParseAllowRule, RefusesBadNamesAndPorts) {
   EXPECT_EQ(refusal("a.com:-1"), "port is not a decimal number");
   EXPECT_EQ(refusal("a.com:+443"), "port is not a decimal number");
   EXPECT_EQ(refusal("a.com:443x"), "port is not a decimal number");
+  // Two colons after a name are a bad port, not an IPv6 literal (the reason said so before).
+  EXPECT_EQ(refusal("x.test:80:80"), "port is not a decimal number");
+  EXPECT_EQ(refusal("api.github.com:443:"), "port is not a decimal number");
+  EXPECT_EQ(refusal("2001:db8::1"), "IP literal not allowed: the allowlist holds names only");
+  EXPECT_EQ(refusal("::ffff:1.2.3.4:443"),
+            "IP literal not allowed: the allowlist holds names only");
   EXPECT_EQ(refusal("a.com:080"), "port has leading zeros");
   EXPECT_EQ(refusal(" a.com"), "invalid character (only letters, digits, '-' and '.')");
 }
