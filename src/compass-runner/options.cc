@@ -327,8 +327,9 @@ uint64_t parsePids(std::string_view flag, std::string_view text) {
   uint64_t value = 0;
   const auto* end = text.data() + text.size();
   if (!allDigits(text) || text.size() > 10 || std::from_chars(text.data(), end, value).ptr != end ||
-      value == 0 || value > kMaxPids) {
-    throw RunnerError(quoted(flag, text) + ": expected a task count from 1 to " +
+      value < kMinPids || value > kMaxPids) {
+    throw RunnerError(quoted(flag, text) + ": expected a task count from " +
+                      std::to_string(kMinPids) + " (nano-init and the agent) to " +
                       std::to_string(kMaxPids));
   }
   return value;

@@ -30,6 +30,8 @@ namespace runner {
 inline constexpr uint64_t kMaxMemoryBytes = uint64_t{1} << 40;
 /// The least --memory accepted: runc refuses a smaller limit (6 MiB).
 inline constexpr uint64_t kMinMemoryBytes = uint64_t{6} << 20;
+/// The least --pids accepted: the sandbox's PID 1 (nano-init) and the agent it starts.
+inline constexpr uint64_t kMinPids = 2;
 /// Largest --pids accepted.
 inline constexpr uint64_t kMaxPids = 4194304;  // the kernel's PID_MAX_LIMIT on 64-bit
 
@@ -85,7 +87,7 @@ uint64_t parseBytes(std::string_view flag, std::string_view text);
 /// the number of CPUs online. Throws RunnerError naming `flag`.
 double parseCpus(std::string_view flag, std::string_view text);
 
-/// Parses a task limit: decimal 1..kMaxPids. Throws RunnerError naming `flag`.
+/// Parses a task limit: decimal kMinPids..kMaxPids. Throws RunnerError naming `flag`.
 uint64_t parsePids(std::string_view flag, std::string_view text);
 
 }  // namespace runner

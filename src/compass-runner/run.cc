@@ -111,6 +111,9 @@ int runAgent(const RunOptions& opts) {
   AgentSpec spec = opts.spec;
   try {
     backend = selectBackend(opts.backend, std::getenv("COMPASS_RUNTIME_BACKEND"));
+    // Before validate(), which may write there (podman's containers.conf). The host tier binds
+    // no socket in its state dir (host_backend.h).
+    checkStateRoot(stateRoot(std::string(backend->name())), backend->name() != "host");
     backend->validate(spec);
   } catch (const std::exception& e) {
     say(std::string("refusing to start: ") + e.what());

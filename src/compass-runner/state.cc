@@ -23,6 +23,7 @@ namespace {
 
 constexpr size_t kAgentIdHexDigits = 10;
 constexpr const char* kRecordFile = "agent.json";
+constexpr const char* kDefaultRoot = "/run/compass-runner";
 constexpr size_t kMaxRecordBytes = size_t{1} << 20;
 // The agent's command is in its record for the roster to show, not to run it again: at most
 // this many of its bytes are kept, so a record stays far below kMaxRecordBytes even when every
@@ -40,6 +41,20 @@ std::string errnoText(int err) { return std::strerror(err); }
 std::string envOr(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
   return (v != nullptr && *v != '\0') ? std::string(v) : std::string(fallback);
+}
+
+/// Refuses a state root that is not absolute (it would be made below the caller's working
+/// directory) or holds a control byte (the root is one line of /run/compass-roots' records,
+/// state_roots.h, and of messages). `variable` names where it came from.
+void checkRootText(const std::string& root, const char* variable) {
+  if (root.empty() || root.front() != '/') {
+    throw RunnerError("state root \"" + root + "\" is not an absolute path (" + variable +
+                      " must be absolute)");
+  }
+  if (std::any_of(root.begin(), root.end(), isControlByte)) {
+    throw RunnerError(std::string("state root: ") + variable +
+                      " must not hold control characters (a newline, a tab, …)");
+  }
 }
 
 std::string readSmallFile(const std::string& path, size_t cap) {
@@ -104,8 +119,11 @@ T field(const nlohmann::json& j, const char* key, bool required, T fallback = T(
 }  // namespace
 
 std::string stateRoot(const std::string& tier) {
-  if (tier == "host") return envOr("TMPDIR", "/tmp") + "/compass-host";
-  return envOr("COMPASS_STATE_DIR", "/run/compass-runner");
+  const bool host = tier == "host";
+  const std::string root =
+      host ? envOr("TMPDIR", "/tmp") + "/compass-host" : envOr("COMPASS_STATE_DIR", kDefaultRoot);
+  checkRootText(root, host ? "TMPDIR" : "COMPASS_STATE_DIR");
+  return root;
 }
 
 bool isAgentId(std::string_view id) {
@@ -136,17 +154,18 @@ std::string newAgentId() {
   return id;
 }
 
+void checkStateRoot(const std::string& root, bool binds_sockets) {
+  checkRootText(root, "TMPDIR or COMPASS_STATE_DIR");
+  if (binds_sockets && root.size() > kMaxStateRootBytes) {
+    throw RunnerError("COMPASS_STATE_DIR \"" + root + "\" is " + std::to_string(root.size()) +
+                      " bytes; at most " + std::to_string(kMaxStateRootBytes) +
+                      " fit, since the agent's sockets below it must fit a Unix socket path "
+                      "(107 bytes)");
+  }
+}
+
 std::string createStateDir(const std::string& root, const std::string& id) {
-  if (root.empty() || root.front() != '/') {
-    throw RunnerError("state root \"" + root + "\" is not an absolute path (TMPDIR and " +
-                      "COMPASS_STATE_DIR must be absolute)");
-  }
-  // The root is one line of /run/compass-roots' records (state_roots.h) and of messages.
-  if (std::any_of(root.begin(), root.end(), isControlByte)) {
-    throw RunnerError(
-        "state root: TMPDIR and COMPASS_STATE_DIR must not hold control "
-        "characters (a newline, a tab, …)");
-  }
+  checkRootText(root, "TMPDIR or COMPASS_STATE_DIR");
   if (!isAgentId(id)) throw RunnerError("state dir: \"" + id + "\" is not an agent id");
   // A root that vanished between the steps was removed as empty by the end of another run
   // (removeStateRootIfEmpty): made again, a few times.

@@ -37,8 +37,22 @@ struct AgentRecord {
   std::vector<std::string> command;
 };
 
-/// The state root for a tier (see file comment). Never empty.
+/// The state root for a tier (see file comment). Never empty. Throws RunnerError naming TMPDIR
+/// or COMPASS_STATE_DIR if the root is not absolute or holds a control byte.
 std::string stateRoot(const std::string& tier);
+
+/// The longest socket path a tier binds below a state dir, relative to it ("<id>/sam/agent.sock",
+/// podman_backend.h): with the root it must fit sockaddr_un (107 bytes, unix(7)).
+inline constexpr size_t kLongestStateSocket = 26;
+/// The longest state root of a tier that binds sockets: 107 - 1 - kLongestStateSocket = 80.
+inline constexpr size_t kMaxStateRootBytes = 107 - 1 - kLongestStateSocket;
+
+/// Refuses (throws RunnerError naming TMPDIR or COMPASS_STATE_DIR) a state root the runner
+/// cannot use whatever the disk holds: not absolute, holding a control byte, or — where the tier
+/// binds sockets in its state dirs (`binds_sockets`) — so long that root + "/" +
+/// kLongestStateSocket passes 107 bytes. Checked before anything is made, so the refusal is a usage
+/// error (exit 2), not a failed start.
+void checkStateRoot(const std::string& root, bool binds_sockets);
 
 /// A new random sandbox id "a" + 10 lower-case hex digits (short enough for interface
 /// names: netns `compass-<id>`, veth `cv<id>`).

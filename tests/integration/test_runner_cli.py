@@ -149,7 +149,7 @@ def test_bad_memory_is_refused_naming_the_flag(value):
 
 @pytest.mark.parametrize("flag,value", [
     ("--cpus", "0"), ("--cpus", "many"), ("--cpus", "1000"), ("--pids", "0"),
-    ("--pids", "1.5"), ("--egress", "open"), ("--egress-allow", "10.0.0.1"),
+    ("--pids", "1"), ("--pids", "1.5"), ("--egress-allow", "x.test:80:80"), ("--egress", "open"), ("--egress-allow", "10.0.0.1"),
     ("--egress-allow", "*"), ("--egress-allow", "bad_name.example"), ("--workdir", "relative"),
     ("--rootfs", "/nonexistent-rootfs"), ("--bundle", "/nonexistent.yaml"),
 ])
@@ -258,3 +258,17 @@ def _told_about(root_state, tmp_nobody):  # noqa: F811
     # Root sees everything: no such note.
     r = cli("agents", env={"COMPASS_STATE_DIR": str(root_state)})
     assert r.returncode == 0 and "belongs to uid" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("root,reason", [
+    ("/tmp/" + "x" * 90, "must fit a Unix socket path"),
+    ("relative/state", "not an absolute path"),
+    ("/tmp/state\nroot", "control"),
+])
+def test_an_unusable_state_root_is_refused_before_anything_starts(root, reason):
+    """COMPASS_STATE_DIR is the operator's input: one too long for the agent's sockets failed
+    late (sam-box: "File name too long", exit 70) instead of naming the variable."""
+    r = cli("run", "--backend", "podman", "--", "true", env={"COMPASS_STATE_DIR": root})
+    assert r.returncode == 2, r.stderr
+    assert "COMPASS_STATE_DIR" in r.stderr and reason in r.stderr, r.stderr
+    assert not os.path.exists(root.split("\n")[0]), "the refused root was written to"

@@ -347,10 +347,10 @@ TEST(ParseCpusTest, RangeIsHundredthToCpusOnline) {
   }
 }
 
-TEST(ParsePidsTest, PositiveIntegersUpToTheKernelLimit) {
-  EXPECT_EQ(parsePids("--pids", "1"), 1U);
+TEST(ParsePidsTest, FromNanoInitAndTheAgentUpToTheKernelLimit) {
+  EXPECT_EQ(parsePids("--pids", "2"), kMinPids);
   EXPECT_EQ(parsePids("--pids", "4194304"), kMaxPids);
-  for (const char* bad : {"", "0", "-5", "4194305", "1.5", "ten", "99999999999"}) {
+  for (const char* bad : {"", "0", "1", "-5", "4194305", "1.5", "ten", "99999999999"}) {
     EXPECT_THROW(parsePids("--pids", bad), RunnerError) << bad;
   }
 }

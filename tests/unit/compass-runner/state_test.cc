@@ -106,6 +106,37 @@ TEST(StateRootTest, HostUsesTmpdirOthersUseCompassStateDir) {
   EXPECT_EQ(stateRoot("microvm"), "/var/lib/x");
 }
 
+// A relative root was made below the caller's working directory (`image build`, podman's
+// containers.conf); every command refuses it, naming the variable.
+TEST(StateRootTest, ARelativeOrControlByteRootIsRefusedNamingTheVariable) {
+  const auto error = [](const std::string& tier) {
+    try {
+      (void)stateRoot(tier);
+    } catch (const RunnerError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  {
+    ScopedEnv dir("COMPASS_STATE_DIR", "relative/state");
+    EXPECT_NE(error("podman").find("COMPASS_STATE_DIR must be absolute"), std::string::npos);
+    EXPECT_NE(error("microvm").find("COMPASS_STATE_DIR must be absolute"), std::string::npos);
+  }
+  {
+    ScopedEnv dir("COMPASS_STATE_DIR", "/tmp/a\nb");
+    EXPECT_NE(error("podman").find("COMPASS_STATE_DIR must not hold control"), std::string::npos);
+  }
+  ScopedEnv tmp("TMPDIR", "tmp");
+  EXPECT_NE(error("host").find("TMPDIR must be absolute"), std::string::npos);
+}
+
+TEST(StateRootTest, ARootTooLongForTheAgentsSocketsIsRefused) {
+  const std::string fits = "/" + std::string(kMaxStateRootBytes - 1, 'x');
+  EXPECT_NO_THROW(checkStateRoot(fits, true));
+  EXPECT_THROW(checkStateRoot(fits + "x", true), RunnerError);
+  EXPECT_NO_THROW(checkStateRoot(fits + "x", false));  // the host tier binds no socket
+}
+
 TEST(CreateStateDirTest, MakesRootAndDirPrivate) {
   TempDir tmp;
   const std::string root = tmp.path() + "/compass-host";
