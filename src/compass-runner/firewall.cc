@@ -5,6 +5,7 @@
 #include <ifaddrs.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "compass-runner/admitter.h"
 #include "compass-runner/backend.h"
 #include "compass-runner/dns_forwarder.h"
 #include "compass-runner/netns.h"
@@ -30,6 +32,9 @@ namespace {
 
 constexpr std::chrono::seconds kNftTimeout{10};
 constexpr std::chrono::seconds kPreResolveTimeout{5};
+// Allowed names pre-resolved at once: their 2 queries each stay within the forwarder's
+// kMaxLookups (8) and its pending-query bound.
+constexpr size_t kPreResolveNamesAtOnce = 4;
 // How long the arming waits for the veth's two ends to be operationally up (awaitLinkUp()).
 constexpr std::chrono::milliseconds kLinkUpTimeout{2000};
 constexpr uint16_t kTypeA = 1;
@@ -77,60 +82,6 @@ class HostAddresses {
   std::set<asio::ip::address> addresses_;
   bool readable_ = false;
   std::chrono::steady_clock::time_point read_at_{};
-};
-
-// Puts elements into every copy of the sets: true once all hold them.
-using AddFn = std::function<bool(const std::vector<AllowElement>&)>;
-
-// Adds answered addresses to the sandbox's sets through `add`. Elements already added are not
-// sent again, so a busy name costs one batch per new address, not per query.
-class Admitter {
- public:
-  Admitter(std::string id, AddFn add) : id_(std::move(id)), add_(std::move(add)) {}
-
-  bool admit(const std::vector<AllowElement>& elements) {
-    std::lock_guard lock(mu_);
-    std::vector<AllowElement> fresh;
-    for (const auto& e : elements) {
-      if (!known(e)) fresh.push_back(e);
-    }
-    if (fresh.empty()) return true;
-    if (done_.size() + fresh.size() > kMaxSetElements) {
-      // Once a second at most: the agent decides how often this happens.
-      const auto now = std::chrono::steady_clock::now();
-      ++full_refusals_;
-      if (now - full_logged_at_ >= std::chrono::seconds(1)) {
-        common::log::warn("egress firewall: allow sets full", {{"agent", id_},
-                                                               {"reason", "set-full"},
-                                                               {"limit", kMaxSetElements},
-                                                               {"refused", full_refusals_}});
-        full_logged_at_ = now;
-        full_refusals_ = 0;
-      }
-      return false;
-    }
-    if (!add_(fresh)) {
-      common::log::error("egress firewall: adding set elements failed",
-                         {{"agent", id_}, {"reason", "admit-failed"}});
-      return false;
-    }
-    for (auto& e : fresh) done_.push_back(std::move(e));
-    return true;
-  }
-
- private:
-  bool known(const AllowElement& e) const {
-    return std::any_of(done_.begin(), done_.end(), [&](const AllowElement& d) {
-      return d.address == e.address && d.port == e.port;
-    });
-  }
-
-  std::string id_;
-  AddFn add_;
-  std::mutex mu_;
-  std::chrono::steady_clock::time_point full_logged_at_{};
-  uint64_t full_refusals_ = 0;  // set-full refusals since the last log line
-  std::vector<AllowElement> done_;
 };
 
 // `nft -f -` of `batch` in the netns at `ns_path` (empty: the host's); its error is logged.
@@ -389,42 +340,62 @@ class FirewallEgress final : public Egress {
   // one query to the resolver at `server` and returns its reply.
   using AskFn = std::function<ParsedReply(const std::string&, uint16_t, const std::string&)>;
   void preResolve(const policy::Allowlist& allow, const AskFn& query) {
+    // Each name once (rules for one name's ports are opened by the same answer); `*.x` names
+    // are opened when the agent asks for them.
+    std::vector<std::string> names;
     for (const auto& rule : allow.rules()) {
-      if (rule.wildcard) continue;  // `*.x` names are opened when the agent asks for them
-      // A long allowlist takes a while (each answer loads its elements with `nft`): a stop
+      if (!rule.wildcard && std::find(names.begin(), names.end(), rule.name) == names.end()) {
+        names.push_back(rule.name);
+      }
+    }
+    for (size_t first = 0; first < names.size(); first += kPreResolveNamesAtOnce) {
+      // A long allowlist takes a while (each answer's elements are loaded with `nft`): a stop
       // asked for meanwhile ends arming here rather than after the last name.
       if (const int sig = stop_signal_ ? stop_signal_() : 0; sig != 0) {
         throw StoppedBeforeStart(sig);
       }
-      // A and AAAA at once (each waits on the upstream resolver); checked in this order.
-      auto ask = [&](uint16_t qtype, const std::string& server) {
-        return std::async(std::launch::async,
-                          [&, qtype, server] { return query(rule.name, qtype, server); });
-      };
-      auto a = ask(kTypeA, net_.host4);
-      auto aaaa = ask(kTypeAaaa, net_.host6);
-      const std::pair<uint16_t, ParsedReply> replies[] = {{kTypeA, a.get()},
-                                                          {kTypeAaaa, aaaa.get()}};
-      auto none = [](const ParsedReply& r) {
-        return r.rcode == kRcodeNxDomain || r.addresses.empty();
-      };
-      // A name with addresses of one family only is common (IPv4-only hosts): said at info
-      // level; a warning only when the name has no address at all.
-      const bool nowhere = none(replies[0].second) && none(replies[1].second);
-      for (const auto& [qtype, r] : replies) {
-        if (r.rcode != kRcodeNoError && r.rcode != kRcodeNxDomain) {
-          throw RunnerError("the sandbox's resolver answered " + rule.name +
-                            (qtype == kTypeA ? " A" : " AAAA") + " with RCODE " +
-                            std::to_string(r.rcode) + " (see the dns log line)");
-        }
-        if (!none(r)) continue;
-        const nlohmann::json fields{
-            {"agent", id_}, {"name", rule.name}, {"qtype", qtype == kTypeA ? "A" : "AAAA"}};
-        if (nowhere) {
-          common::log::warn("egress firewall: allowed name has no address yet", fields);
-        } else {
-          common::log::info("egress firewall: allowed name has no address of this family", fields);
-        }
+      // A few names' A and AAAA at once: each waits on the upstream resolver, and answers
+      // that arrive together have their elements loaded together (admitter.h). Judged in
+      // allowlist order.
+      const size_t last = std::min(names.size(), first + kPreResolveNamesAtOnce);
+      std::vector<std::pair<std::future<ParsedReply>, std::future<ParsedReply>>> asked;
+      for (size_t i = first; i < last; ++i) {
+        auto ask = [&](uint16_t qtype, const std::string& server) {
+          return std::async(std::launch::async, [&query, &name = names[i], qtype, server] {
+            return query(name, qtype, server);
+          });
+        };
+        asked.emplace_back(ask(kTypeA, net_.host4), ask(kTypeAaaa, net_.host6));
+      }
+      for (size_t i = first; i < last; ++i) {
+        auto& [a, aaaa] = asked[i - first];
+        judgeReplies(names[i], a.get(), aaaa.get());
+      }
+    }
+  }
+
+  // Refuses the start if the resolver failed on `name`; logs a name with no address.
+  void judgeReplies(const std::string& name, const ParsedReply& a, const ParsedReply& aaaa) const {
+    const std::pair<uint16_t, const ParsedReply&> replies[] = {{kTypeA, a}, {kTypeAaaa, aaaa}};
+    auto none = [](const ParsedReply& r) {
+      return r.rcode == kRcodeNxDomain || r.addresses.empty();
+    };
+    // A name with addresses of one family only is common (IPv4-only hosts): said at info
+    // level; a warning only when the name has no address at all.
+    const bool nowhere = none(a) && none(aaaa);
+    for (const auto& [qtype, r] : replies) {
+      if (r.rcode != kRcodeNoError && r.rcode != kRcodeNxDomain) {
+        throw RunnerError("the sandbox's resolver answered " + name +
+                          (qtype == kTypeA ? " A" : " AAAA") + " with RCODE " +
+                          std::to_string(r.rcode) + " (see the dns log line)");
+      }
+      if (!none(r)) continue;
+      const nlohmann::json fields{
+          {"agent", id_}, {"name", name}, {"qtype", qtype == kTypeA ? "A" : "AAAA"}};
+      if (nowhere) {
+        common::log::warn("egress firewall: allowed name has no address yet", fields);
+      } else {
+        common::log::info("egress firewall: allowed name has no address of this family", fields);
       }
     }
   }
