@@ -59,6 +59,11 @@ std::vector<std::string> runArgs(const RunSpec& spec) {
       "all",
       "--security-opt",
       "no-new-privileges",
+      // The container's /sys is the host's (runc cannot mount a sysfs for a netns that its
+      // user namespace does not own): its net views would list the host's interfaces and
+      // every other agent's veth. Masked (an empty read-only tmpfs over each).
+      "--security-opt",
+      std::string("mask=") + kMaskedSysNet,
       "--no-hosts",
       // Nothing the image says runs beside the agent or outlives it: no healthcheck (podman
       // would `exec` the image's command on a timer, outside nano-init), no anonymous volume

@@ -17,6 +17,8 @@ namespace runner::podman {
 
 /// The label every agent container carries: compass.agent=<id> (gc finds them by it).
 inline constexpr const char* kAgentLabel = "compass.agent";
+/// The container's sysfs network views, masked (podman `--security-opt mask=`, colon-separated).
+inline constexpr const char* kMaskedSysNet = "/sys/class/net:/sys/devices/virtual/net";
 /// Where the sandbox sees its boundary and nano-init (read-only bind mounts): egress
 /// `boundary` mounts the agent's <state>/sam directory (sam-box's socket) at /run/sam.
 inline constexpr const char* kSandboxBoundaryDir = "/run/sam";

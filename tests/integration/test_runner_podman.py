@@ -224,6 +224,7 @@ res.update({
   "isatty": [os.isatty(0), os.isatty(1), os.isatty(2)],
   "uid": os.getuid(),
   "tun_dev": os.path.exists("/dev/net/tun"),
+  "sys_net": sorted(set(os.listdir("/sys/class/net")) | set(os.listdir("/sys/devices/virtual/net"))),
   "unshare_user": run("unshare", "-Urn", "true"),
 })
 try:
@@ -288,6 +289,12 @@ def test_sandbox_network_is_lo_and_tun0_with_the_virtual_resolver(probes):
     servers = re.findall(r"^nameserver\s+(\S+)", probes["resolv"], re.M)
     assert servers == ["100.127.255.253"], probes["resolv"]
     assert not probes["tun_dev"], "the container must not see /dev/net/tun"
+
+
+def test_sysfs_shows_no_host_interface_and_no_other_agents_veth(probes):
+    # The container's /sys is the host's: unmasked, /sys/class/net listed the host's eth0 and
+    # every running agent's veth (cv<id>), naming the other agents.
+    assert probes["sys_net"] == [], probes["sys_net"]
 
 
 # ---------------------------------------------------------------------------------------

@@ -55,7 +55,8 @@ TEST(PodmanRunArgs, BoundaryAgent) {
   EXPECT_EQ(valuesOf(a, "--gidmap"), V{map});
   EXPECT_EQ(valuesOf(a, "--user"), V{"1000:1000"});
   EXPECT_EQ(valuesOf(a, "--cap-drop"), V{"all"});
-  EXPECT_EQ(valuesOf(a, "--security-opt"), V{"no-new-privileges"});
+  EXPECT_EQ(valuesOf(a, "--security-opt"),
+            (V{"no-new-privileges", "mask=/sys/class/net:/sys/devices/virtual/net"}));
   EXPECT_EQ(valuesOf(a, "--dns"), V{"100.127.255.253"});
   EXPECT_EQ(valuesOf(a, "--dns-search"), V{"."});  // not the host's search domain
   EXPECT_EQ(valuesOf(a, "--pull"), V{"never"});
