@@ -87,6 +87,11 @@ AllowRule parseAllowRule(std::string_view entry) {
   std::string reason;
   auto name = normalizeName(host, &reason);
   if (!name) throw AllowRuleError(reason);
+  if (!rule.wildcard && *name == kMeshName) {
+    throw AllowRuleError(std::string(kMeshName) +
+                         " is the node's name: sam-box carries it to the node whatever the "
+                         "allowlist says (route mesh-entrypoint), so it takes no rule");
+  }
   rule.name = std::move(*name);
   return rule;
 }

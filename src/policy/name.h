@@ -14,6 +14,9 @@ namespace policy {
 inline constexpr size_t kMaxNameBytes = 253;
 /// Longest label accepted, in bytes (RFC 1035 §2.3.4).
 inline constexpr size_t kMaxLabelBytes = 63;
+/// The node's name inside every sandbox (seed 003, "What the agent sees"): sam-box carries it
+/// to the node whatever the allowlist says, so no allowlist rule may name it.
+inline constexpr const char* kMeshName = "mesh.sam.alt";
 
 /// Normalizes a host name: lower-cases ASCII letters, drops one trailing dot, and validates
 /// it per RFC 1123: 1..253 bytes, dot-separated labels of 1..63 bytes of [a-z0-9-] that

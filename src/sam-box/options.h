@@ -6,6 +6,7 @@
 #include "policy/address.h"
 #include "policy/allowlist.h"
 #include "policy/bundle.h"
+#include "policy/name.h"
 #include "sam-box/limits.h"
 
 #include <chrono>
@@ -21,7 +22,7 @@ inline constexpr const char* kDefaultCredentialPath = "/var/run/secrets/tokens/s
 /// The default of --ingress-listen (seed 003, "Agents that serve").
 inline constexpr const char* kDefaultIngressListen = "127.0.0.1:7080";
 /// The name the sandbox uses to reach the node (seed 003, "What the agent sees").
-inline constexpr const char* kMeshName = "mesh.sam.alt";
+using policy::kMeshName;
 /// The only port served for kMeshName (plain HTTP; the node connection is a Unix socket).
 inline constexpr uint16_t kMeshPort = 80;
 

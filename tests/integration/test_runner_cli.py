@@ -149,7 +149,8 @@ def test_bad_memory_is_refused_naming_the_flag(value):
 
 @pytest.mark.parametrize("flag,value", [
     ("--cpus", "0"), ("--cpus", "many"), ("--cpus", "1000"), ("--pids", "0"),
-    ("--pids", "1"), ("--pids", "1.5"), ("--egress-allow", "x.test:80:80"), ("--egress", "open"), ("--egress-allow", "10.0.0.1"),
+    ("--pids", "1"), ("--pids", "1.5"), ("--egress-allow", "x.test:80:80"),
+    ("--egress-allow", "Mesh.Sam.Alt."), ("--egress", "open"), ("--egress-allow", "10.0.0.1"),
     ("--egress-allow", "*"), ("--egress-allow", "bad_name.example"), ("--workdir", "relative"),
     ("--rootfs", "/nonexistent-rootfs"), ("--bundle", "/nonexistent.yaml"),
 ])

@@ -97,6 +97,11 @@ TEST(ParseAllowRule, RefusesBadNamesAndPorts) {
   EXPECT_EQ(refusal("a.com:-1"), "port is not a decimal number");
   EXPECT_EQ(refusal("a.com:+443"), "port is not a decimal number");
   EXPECT_EQ(refusal("a.com:443x"), "port is not a decimal number");
+  // The node's name is never an egress rule, in any spelling; a wildcard above it is allowed.
+  for (const char* mesh : {"mesh.sam.alt", "MESH.sam.alt.", "mesh.sam.alt:80"}) {
+    EXPECT_NE(refusal(mesh).find("is the node's name"), std::string::npos) << mesh;
+  }
+  EXPECT_NO_THROW((void)parseAllowRule("*.sam.alt"));
   // Two colons after a name are a bad port, not an IPv6 literal (the reason said so before).
   EXPECT_EQ(refusal("x.test:80:80"), "port is not a decimal number");
   EXPECT_EQ(refusal("api.github.com:443:"), "port is not a decimal number");

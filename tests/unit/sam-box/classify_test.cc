@@ -80,8 +80,9 @@ TEST(ClassifyTest, MeshEntrypoint) {
   EXPECT_EQ(classify(cfg, TunnelKind::kConnectUdp, "mesh.sam.alt:80", false).reason,
             kReasonMeshUdp);
   EXPECT_EQ(tcp(configWith({}, false), "mesh.sam.alt:80").reason, kReasonNoIdentity);
-  // An allowlist entry cannot turn the mesh name into an external destination.
-  EXPECT_EQ(tcp(configWith({"mesh.sam.alt"}, false), "mesh.sam.alt:80").reason, kReasonNoIdentity);
+  // An allowlist entry cannot turn the mesh name into an external destination: a rule naming
+  // it is refused (policy::parseAllowRule), and a wildcard above it does not count.
+  EXPECT_EQ(tcp(configWith({"*.sam.alt"}, false), "mesh.sam.alt:80").reason, kReasonNoIdentity);
 }
 
 TEST(ClassifyTest, ALapsedIdentityRefusesTheMeshAndNothingElse) {
