@@ -1,6 +1,7 @@
 #include "sam-node/proxy.h"
 #include "proto/http_syntax.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <nlohmann/json.hpp>
@@ -50,8 +51,12 @@ std::string_view segmentProblem(std::string_view raw) {
   }
   if (decoded.find_first_of(std::string_view("/\\\0", 3)) != std::string::npos)
     return "an encoded '/', '\\' or NUL";
-  // "..;x" is ".." to servers that strip path parameters before normalising.
-  const std::string_view name = std::string_view(decoded).substr(0, decoded.find(';'));
+  // "..;x" is ".." to servers that strip path parameters before normalising, and "..%20" or
+  // ".%09" to servers that trim white space from a segment.
+  std::string_view name = std::string_view(decoded).substr(0, decoded.find(';'));
+  constexpr std::string_view kSpace = " \t\r\n\v\f";
+  name.remove_prefix(std::min(name.size(), name.find_first_not_of(kSpace)));
+  name.remove_suffix(name.size() - std::min(name.size(), name.find_last_not_of(kSpace) + 1));
   if (name == "." || name == "..") return "a dot segment";
   return {};
 }

@@ -20,7 +20,8 @@ TEST(PathProblemTest, DotSegmentsInAnySpellingAreRefused) {
   for (const char* path :
        {"/v1/../admin", "/v1/x/../../admin", "/v1/./../admin", "/v1/.", "/v1/..", "..",
         "../hidden/x", "/v1/%2e%2e/admin", "/v1/.%2E/admin", "/v1/%2E./admin", "/v1/%2e/x",
-        "/v1/%252e%252e/admin", "/v1/..;/admin", "/v1/%2e%2e;x/admin"})
+        "/v1/%252e%252e/admin", "/v1/..;/admin", "/v1/%2e%2e;x/admin", "/v1/..%20/admin",
+        "/v1/%20.%09/x", "/v1/%2e%2e%0d%0a/admin", "/v1/%09..;x/admin"})
     EXPECT_EQ(pathProblem(path), "a dot segment") << path;
 }
 
