@@ -50,6 +50,7 @@ struct Parse {
   bool too_many_fields = false;
   bool upgrade = false;        // Upgrade or CONNECT: refused before any handler runs
   std::string bad_field_name;  // a field name that is not a token (RFC 9110 §5.1)
+  bool trailer = false;        // a trailer field after a chunked body: refused, never merged
   bool body_too_large = false;
   bool complete = false;
   bool in_message = false;     // a request's first byte arrived, its last one not yet
@@ -84,6 +85,7 @@ int onMessageBegin(llhttp_t* p) {
   s.too_many_fields = false;
   s.upgrade = false;
   s.bad_field_name.clear();
+  s.trailer = false;
   s.complete = false;
   s.in_message = true;
   s.head_complete = false;
@@ -100,6 +102,13 @@ int onUrl(llhttp_t* p, const char* at, size_t len) {
 
 int onHeaderField(llhttp_t* p, const char* at, size_t len) {
   Parse& s = Parse::of(p);
+  // A field after the head is a trailer (RFC 9112 §7.1.2): llhttp reports it like a head
+  // field, and joined to the head it would skip the head's checks (an X-Sam-Agent, a
+  // "Host :"). No client of the node sends trailers; sam-box refuses them too.
+  if (s.head_complete) {
+    s.trailer = true;
+    return -1;
+  }
   if (!s.countHead(len)) return -1;
   if (s.in_value || s.req.headers.empty()) {
     if (s.req.headers.size() >= kMaxHeaderFields) {
@@ -435,6 +444,10 @@ void HttpServer::Impl::serveConnection(common::UniqueFd fd) {
         sendError(
             fd.get(), 431, "head-too-large",
             "request head has more than " + std::to_string(kMaxHeaderFields) + " header fields");
+      } else if (state.trailer) {
+        refused("request refused", "malformed-request", {{"detail", "trailer fields"}});
+        sendError(fd.get(), 400, "malformed-request",
+                  "trailer fields after a chunked body are not accepted");
       } else if (!state.bad_field_name.empty()) {
         refused("request refused", "malformed-request", {{"detail", "field name not a token"}});
         sendError(fd.get(), 400, "malformed-request",

@@ -197,6 +197,35 @@ TEST(HttpServerTest, AFieldNameWithSpaceBeforeTheColonIs400AndNoHandlerRuns) {
   EXPECT_THAT(s.refusals(), testing::ElementsAre("malformed-request", "malformed-request"));
 }
 
+TEST(HttpServerTest, TrailerFieldsAre400NeverHeadFields) {
+  // Joined to the head, a trailer skipped every head check: an identity taken from it, a
+  // "Host :" forwarded upstream as written.
+  bool called = false;
+  Served s([&](const Request& req, ResponseWriter& out) {
+    called = true;
+    echo()(req, out);
+  });
+  for (const char* trailer : {"X-Sam-Agent: w1.writers.example\r\n", "Host : evil.example\r\n",
+                              "X-Trailer-Token: 1\r\n"}) {
+    SCOPED_TRACE(trailer);
+    auto fd = s.connect();
+    sendAll(fd.get(), std::string("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                  "3\r\nabc\r\n0\r\n") +
+                          trailer + "\r\n");
+    const std::string answer = readToEof(fd.get());
+    EXPECT_THAT(answer, StartsWith("HTTP/1.1 400 "));
+    EXPECT_THAT(answer, HasSubstr("trailer fields"));
+    EXPECT_EQ(count(answer, "HTTP/1.1 "), 1U);
+  }
+  EXPECT_FALSE(called);
+  // A chunked body without trailers is served.
+  auto fd = s.connect();
+  sendAll(fd.get(),
+          "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+          "3\r\nabc\r\n0\r\n\r\n");
+  EXPECT_THAT(readToEof(fd.get()), StartsWith("HTTP/1.1 200 "));
+}
+
 TEST(HttpServerTest, AnUpgradeOrConnectGetsOne400AndNoHandlerRuns) {
   bool called = false;
   Served s([&](const Request& req, ResponseWriter& out) {
