@@ -8,6 +8,7 @@
 #include "sam-node/node.h"
 #include "sam-node/upstream.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -68,6 +69,12 @@ class AnswerBudget {
     }
     tl_held_ += cost;
     return true;
+  }
+  /// Gives back `bytes` of answer this thread's request counted and no longer holds.
+  void give(size_t bytes) {
+    const size_t cost = std::min(bytes * kAnswerMemoryFactor, tl_held_);
+    held_.fetch_sub(cost);
+    tl_held_ -= cost;
   }
   /// Gives back what this thread's request took.
   void releaseThread() {
@@ -227,13 +234,15 @@ class UpstreamClient {
       sse = type.starts_with("text/event-stream");
       return true;
     };
+    size_t counted = 0;  // answer bytes of this exchange counted in budget_
     auto on_data = [&](std::string_view data) {
-      // Counted as it arrives, SSE included (an event is held until it ends); given back when
-      // the request that asked is answered.
+      // Counted as it arrives; a plain body is given back when the request that asked is
+      // answered, an event stream's bytes as soon as their events are judged and dropped.
       if (!budget_.take(data.size())) {
         ex.busy = true;
         return false;
       }
+      counted += data.size();
       if (!sse || ex.status != 200) {
         if (body.size() + data.size() > kMaxUpstreamBody) {
           ex.detail = "response larger than 16 MiB";
@@ -259,6 +268,11 @@ class UpstreamClient {
         }
       }
       events.clear();
+      // What the parser still holds (an event not yet ended) stays counted; the rest is gone.
+      if (const size_t keep = parser.held(); counted > keep) {
+        budget_.give(counted - keep);
+        counted = keep;
+      }
       return true;
     };
     try {
@@ -372,6 +386,15 @@ struct McpAggregator::Impl {
       if (!cached) {
         try {
           tools = listTools(service.name);
+        } catch (const McpNodeBusy& e) {
+          // Nothing is wrong with the server (its session stays): its tools are left out of
+          // this answer only, and said so.
+          log::warn("mcp tools/list left a service out", {{"caller", agent},
+                                                          {"service", service.name},
+                                                          {"reason", "node-busy"},
+                                                          {"detail", e.what()}});
+          node.metrics.refusal("node-busy");
+          continue;
         } catch (const McpUpstreamError& e) {
           // One broken server must not hide the others' tools.
           log::error("mcp tools/list failed",

@@ -83,6 +83,8 @@ class SseParser {
   /// Appends dispatched events to `out`. Returns false (and stays failed) once an event grew
   /// beyond max_event_bytes.
   bool feed(std::string_view bytes, std::vector<SseEvent>& out);
+  /// Bytes held for the event not yet dispatched (its data and the current line).
+  size_t held() const { return pending_.size() + event_.data.size(); }
 
  private:
   void line(std::string_view text, std::vector<SseEvent>& out);

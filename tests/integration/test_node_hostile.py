@@ -384,6 +384,42 @@ def test_tool_answers_past_the_nodes_budget_get_an_error_result(world, fresh_nod
         world.mcp.respond = mcp_respond(lambda: world.tools)
 
 
+def test_an_event_stream_longer_than_the_budget_is_answered_when_little_is_held(world, fresh_node):
+    """Review of 2026-12-03: SSE bytes were counted as they streamed and given back only when
+    the call ended, so a tool that streamed 300 MB of progress events (never more than one
+    event held) got node-busy, and held every other agent's calls out while it ran. Events
+    judged and dropped are given back at once."""
+    fallback = mcp_respond(lambda: world.tools)
+    event = ("data: " + json.dumps({"jsonrpc": "2.0", "method": "notifications/progress",
+                                    "params": {"progressToken": 1, "progress": 1,
+                                               "message": "x" * 60000}}) + "\n\n").encode()
+
+    def respond(h, method, body):
+        msg = json.loads(body) if body else {}
+        if msg.get("method") != "tools/call":
+            return fallback(h, method, body)
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.end_headers()
+        for _ in range(300 * 1024 * 1024 // 3 // len(event) + 1):  # > 256 MiB at 3x
+            h.wfile.write(event)
+        result = {"jsonrpc": "2.0", "id": msg["id"],
+                  "result": {"content": [{"type": "text", "text": "done"}]}}
+        h.wfile.write(("data: " + json.dumps(result) + "\n\n").encode())
+        h.wfile.flush()
+
+    world.mcp.respond = respond
+    try:
+        r = tool_call(fresh_node.socket_path, READER, "read")
+        assert r.status == 200, r.body
+        result = r.json()["result"]
+        assert not result.get("isError"), result
+        assert result["content"][0]["text"] == "done"
+        assert fresh_node.metric('sam_node_refusals_total{reason="node-busy"}') == 0
+    finally:
+        world.mcp.respond = fallback
+
+
 # ---------------------------------------------------------------------------------------
 # Models (/v1)
 
