@@ -47,6 +47,11 @@ bool Admitter::loadNext(std::unique_lock<std::mutex>& lock) {
   } catch (const std::exception& e) {
     common::log::error("egress firewall: adding set elements failed",
                        {{"agent", id_}, {"error", e.what()}});
+  } catch (...) {
+    // Whatever it was, the load failed: `loading_` must still be cleared below, or every
+    // later admit() would wait for ever.
+    common::log::error("egress firewall: adding set elements failed",
+                       {{"agent", id_}, {"error", "unknown exception"}});
   }
   lock.lock();
   loading_ = false;

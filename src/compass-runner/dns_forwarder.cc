@@ -332,13 +332,15 @@ Resolution resolveOnHost(const std::string& name, std::chrono::milliseconds time
     // the answer (or the forwarder's stop) past its deadline. It owns only `shared`.
     std::thread([shared, name] {
       Resolution r = lookup(name);
+      // The slot is given back before the answer is handed over: once a client has its reply,
+      // its look-up no longer counts (the pre-resolve sends kMaxLookups queries at a time).
+      --g_lookups;
       {
         std::lock_guard lock(shared->mu);
         shared->result = std::move(r);
         shared->done = true;
       }
       shared->cv.notify_all();
-      --g_lookups;
     }).detach();
   } catch (const std::system_error&) {
     --g_lookups;

@@ -33,7 +33,8 @@ namespace {
 constexpr std::chrono::seconds kNftTimeout{10};
 constexpr std::chrono::seconds kPreResolveTimeout{5};
 // Allowed names pre-resolved at once: their 2 queries each stay within the forwarder's
-// kMaxLookups (8) and its pending-query bound.
+// kMaxLookups (8; a look-up gives its slot back before its answer is sent, so the next group
+// finds them free). More would get a false SERVFAIL, which refuses the start.
 constexpr size_t kPreResolveNamesAtOnce = 4;
 // How long the arming waits for the veth's two ends to be operationally up (awaitLinkUp()).
 constexpr std::chrono::milliseconds kLinkUpTimeout{2000};

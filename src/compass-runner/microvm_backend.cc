@@ -278,7 +278,7 @@ class MicrovmBackend final : public Backend {
             spec.id, netns_, spec.egress_allow, kTapName,
             [this](const std::string& batch) {
               if (guest_exists_) return guest_ruleset_->apply(batch);
-              initial_elements_ += batch;  // pre-resolve, under the Admitter's lock
+              initial_elements_ += batch;  // pre-resolve; one load at a time (admitter.h)
               return true;
             },
             spec.stop_signal);
