@@ -43,6 +43,39 @@ std::string envOr(const char* name, const char* fallback) {
   return (v != nullptr && *v != '\0') ? std::string(v) : std::string(fallback);
 }
 
+/// True if `text` is well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most
+/// U+10FFFF).
+bool isUtf8(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    size_t n = 0;
+    uint32_t cp = 0;
+    if (b < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((b & 0xE0) == 0xC0) {
+      n = 1, cp = b & 0x1F;
+    } else if ((b & 0xF0) == 0xE0) {
+      n = 2, cp = b & 0x0F;
+    } else if ((b & 0xF8) == 0xF0) {
+      n = 3, cp = b & 0x07;
+    } else {
+      return false;
+    }
+    if (i + n >= text.size()) return false;  // cut short
+    for (size_t k = 1; k <= n; ++k) {
+      const auto c = static_cast<unsigned char>(text[i + k]);
+      if ((c & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (c & 0x3F);
+    }
+    static constexpr uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kLeast[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
 /// Refuses a state root that is not absolute (it would be made below the caller's working
 /// directory) or holds a control byte (the root is one line of /run/compass-roots' records,
 /// state_roots.h, and of messages). `variable` names where it came from.
@@ -156,7 +189,17 @@ std::string newAgentId() {
 
 void checkStateRoot(const std::string& root, bool binds_sockets) {
   checkRootText(root, "TMPDIR or COMPASS_STATE_DIR");
-  if (binds_sockets && root.size() > kMaxStateRootBytes) {
+  if (!binds_sockets) return;
+  // Both reach podman (`--volume SRC:DEST:ro`, which splits at ':') and conmon, which refuses
+  // a path that is not UTF-8: refused here rather than by them, after the root was made.
+  if (!isUtf8(root)) {
+    throw RunnerError("COMPASS_STATE_DIR must be UTF-8 (conmon refuses other paths)");
+  }
+  if (root.find(':') != std::string::npos) {
+    throw RunnerError("COMPASS_STATE_DIR \"" + root +
+                      "\": must not hold ':' (podman's --volume SRC:DEST splits at it)");
+  }
+  if (root.size() > kMaxStateRootBytes) {
     throw RunnerError("COMPASS_STATE_DIR \"" + root + "\" is " + std::to_string(root.size()) +
                       " bytes; at most " + std::to_string(kMaxStateRootBytes) +
                       " fit, since the agent's sockets below it must fit a Unix socket path "

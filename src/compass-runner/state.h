@@ -48,10 +48,11 @@ inline constexpr size_t kLongestStateSocket = 26;
 inline constexpr size_t kMaxStateRootBytes = 107 - 1 - kLongestStateSocket;
 
 /// Refuses (throws RunnerError naming TMPDIR or COMPASS_STATE_DIR) a state root the runner
-/// cannot use whatever the disk holds: not absolute, holding a control byte, or — where the tier
-/// binds sockets in its state dirs (`binds_sockets`) — so long that root + "/" +
-/// kLongestStateSocket passes 107 bytes. Checked before anything is made, so the refusal is a usage
-/// error (exit 2), not a failed start.
+/// cannot use whatever the disk holds: not absolute or holding a control byte; and where the
+/// tier binds sockets in its state dirs and mounts them into the sandbox (`binds_sockets`:
+/// podman, microvm), holding ':' or bytes that are not UTF-8, or so long that root + "/" +
+/// kLongestStateSocket passes 107 bytes. Checked before anything is made, so the refusal is
+/// a usage error (exit 2), not a failed start.
 void checkStateRoot(const std::string& root, bool binds_sockets);
 
 /// A new random sandbox id "a" + 10 lower-case hex digits (short enough for interface

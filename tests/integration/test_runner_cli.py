@@ -265,6 +265,7 @@ def _told_about(root_state, tmp_nobody):  # noqa: F811
     ("/tmp/" + "x" * 90, "must fit a Unix socket path"),
     ("relative/state", "not an absolute path"),
     ("/tmp/state\nroot", "control"),
+    ("/tmp/state:root", "must not hold ':'"),
 ])
 def test_an_unusable_state_root_is_refused_before_anything_starts(root, reason):
     """COMPASS_STATE_DIR is the operator's input: one too long for the agent's sockets failed

@@ -137,6 +137,15 @@ TEST(StateRootTest, ARootTooLongForTheAgentsSocketsIsRefused) {
   EXPECT_NO_THROW(checkStateRoot(fits + "x", false));  // the host tier binds no socket
 }
 
+TEST(StateRootTest, AColonOrBytesThatAreNotUtf8AreRefusedWhereTheDirIsMounted) {
+  for (const char* bad :
+       {"/tmp/c:d", "/tmp/\xff", "/tmp/\xc0\xaf", "/tmp/\xed\xa0\x80", "/tmp/\xe2\x82"}) {
+    EXPECT_THROW(checkStateRoot(bad, true), RunnerError) << bad;
+    EXPECT_NO_THROW(checkStateRoot(bad, false)) << bad;  // host tier: nothing mounted
+  }
+  EXPECT_NO_THROW(checkStateRoot("/tmp/\xc3\xa9t\xc3\xa9/\xf0\x9f\x93\xa6", true));
+}
+
 TEST(CreateStateDirTest, MakesRootAndDirPrivate) {
   TempDir tmp;
   const std::string root = tmp.path() + "/compass-host";
