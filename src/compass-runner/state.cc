@@ -129,7 +129,9 @@ void removeAt(int parent_fd, const std::string& name, const std::string& shown, 
     }
   }
   ::closedir(dir);
-  for (const auto& child : names) removeAt(fd.get(), child, shown + "/" + child, depth + 1);
+  for (const auto& child : names) {
+    removeAt(fd.get(), child, std::string(shown).append("/").append(child), depth + 1);
+  }
   if (::unlinkat(parent_fd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
     throw RunnerError("removing " + shown + ": " + errnoText(errno));
   }
@@ -153,7 +155,7 @@ T field(const nlohmann::json& j, const char* key, bool required, T fallback = T(
 
 std::string stateRoot(const std::string& tier) {
   const bool host = tier == "host";
-  const std::string root =
+  std::string root =
       host ? envOr("TMPDIR", "/tmp") + "/compass-host" : envOr("COMPASS_STATE_DIR", kDefaultRoot);
   checkRootText(root, host ? "TMPDIR" : "COMPASS_STATE_DIR");
   return root;

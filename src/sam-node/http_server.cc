@@ -327,10 +327,11 @@ bool HttpServer::Impl::admit(pid_t peer, std::string& refusal) {
 bool HttpServer::Impl::awaitBytes(int fd, const Parse& state) {
   const bool in_head = state.in_message && !state.head_complete;
   std::chrono::milliseconds limit = limits.idle_timeout;
-  if (in_head)
+  if (in_head) {
     limit = std::max(std::chrono::milliseconds(0),
                      std::chrono::duration_cast<std::chrono::milliseconds>(
                          state.head_started + limits.head_timeout - Clock::now()));
+  }
   const auto deadline = Clock::now() + limit;
   for (;;) {
     const auto left =

@@ -108,7 +108,7 @@ std::string randomHex(size_t bytes) {
   std::string out;
   char buf[3];
   for (size_t i = 0; i < bytes; ++i) {
-    std::snprintf(buf, sizeof buf, "%02x", static_cast<unsigned>(rd() & 0xff));
+    (void)std::snprintf(buf, sizeof buf, "%02x", static_cast<unsigned>(rd() & 0xff));
     out += buf;
   }
   return out;

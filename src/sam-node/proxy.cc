@@ -30,10 +30,12 @@ int hexValue(char c) {
 }
 
 bool wellFormedEscapes(std::string_view text) {
-  for (size_t i = 0; i < text.size(); ++i)
+  for (size_t i = 0; i < text.size(); ++i) {
     if (text[i] == '%' &&
-        (i + 2 >= text.size() || hexValue(text[i + 1]) < 0 || hexValue(text[i + 2]) < 0))
+        (i + 2 >= text.size() || hexValue(text[i + 1]) < 0 || hexValue(text[i + 2]) < 0)) {
       return false;
+    }
+  }
   return true;
 }
 
