@@ -18,7 +18,9 @@
 namespace runner {
 namespace {
 
-void say(const std::string& line) { std::fprintf(stderr, "compass-runner: %s\n", line.c_str()); }
+void say(const std::string& line) {
+  (void)std::fprintf(stderr, "compass-runner: %s\n", line.c_str());
+}
 
 int64_t nowUnixMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
