@@ -176,49 +176,45 @@ TEST(HttpServerTest, MalformedRequestIs400AndClosed) {
   }
 }
 
-TEST(HttpServerTest, AFieldNameWithSpaceBeforeTheColonIs400AndNoHandlerRuns) {
-  // "Host :" would pass the node's field filters by name and reach the upstream as written.
+// Sends each of `requests` on a connection of its own to a server whose handler must never
+// run; each gets exactly one 400 that mentions `why`.
+void expectOne400Each(std::initializer_list<std::string> requests, std::string_view why) {
   bool called = false;
   Served s([&](const Request& req, ResponseWriter& out) {
     called = true;
     echo()(req, out);
   });
-  for (const char* bad : {"GET / HTTP/1.1\r\nHost : evil.example\r\n\r\n",
-                          "GET / HTTP/1.1\r\nAuthorization  : Bearer k\r\n\r\n"}) {
+  for (const auto& bad : requests) {
     SCOPED_TRACE(bad);
     auto fd = s.connect();
     sendAll(fd.get(), bad);
     const std::string answer = readToEof(fd.get());
     EXPECT_THAT(answer, StartsWith("HTTP/1.1 400 "));
-    EXPECT_THAT(answer, HasSubstr("is not a token"));
+    EXPECT_THAT(answer, HasSubstr(std::string(why)));
     EXPECT_EQ(count(answer, "HTTP/1.1 "), 1U);
   }
   EXPECT_FALSE(called);
-  EXPECT_THAT(s.refusals(), testing::ElementsAre("malformed-request", "malformed-request"));
+  EXPECT_EQ(s.refusals().size(), requests.size());
+}
+
+TEST(HttpServerTest, AFieldNameWithSpaceBeforeTheColonIs400AndNoHandlerRuns) {
+  // "Host :" would pass the node's field filters by name and reach the upstream as written.
+  expectOne400Each({"GET / HTTP/1.1\r\nHost : evil.example\r\n\r\n",
+                    "GET / HTTP/1.1\r\nAuthorization  : Bearer k\r\n\r\n"},
+                   "is not a token");
 }
 
 TEST(HttpServerTest, TrailerFieldsAre400NeverHeadFields) {
   // Joined to the head, a trailer skipped every head check: an identity taken from it, a
   // "Host :" forwarded upstream as written.
-  bool called = false;
-  Served s([&](const Request& req, ResponseWriter& out) {
-    called = true;
-    echo()(req, out);
-  });
-  for (const char* trailer : {"X-Sam-Agent: w1.writers.example\r\n", "Host : evil.example\r\n",
-                              "X-Trailer-Token: 1\r\n"}) {
-    SCOPED_TRACE(trailer);
-    auto fd = s.connect();
-    sendAll(fd.get(), std::string("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-                                  "3\r\nabc\r\n0\r\n") +
-                          trailer + "\r\n");
-    const std::string answer = readToEof(fd.get());
-    EXPECT_THAT(answer, StartsWith("HTTP/1.1 400 "));
-    EXPECT_THAT(answer, HasSubstr("trailer fields"));
-    EXPECT_EQ(count(answer, "HTTP/1.1 "), 1U);
-  }
-  EXPECT_FALSE(called);
+  const std::string chunked =
+      "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n";
+  expectOne400Each(
+      {chunked + "X-Sam-Agent: w1.writers.example\r\n\r\n", chunked + "Host : evil.example\r\n\r\n",
+       chunked + "X-Trailer-Token: 1\r\n\r\n"},
+      "trailer fields");
   // A chunked body without trailers is served.
+  Served s(echo());
   auto fd = s.connect();
   sendAll(fd.get(),
           "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
@@ -227,24 +223,11 @@ TEST(HttpServerTest, TrailerFieldsAre400NeverHeadFields) {
 }
 
 TEST(HttpServerTest, AnUpgradeOrConnectGetsOne400AndNoHandlerRuns) {
-  bool called = false;
-  Served s([&](const Request& req, ResponseWriter& out) {
-    called = true;
-    echo()(req, out);
-  });
-  for (const char* bad :
-       {"GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
-        "GET / HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\nPRI * HTTP/2.0\r\n",
-        "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"}) {
-    SCOPED_TRACE(bad);
-    auto fd = s.connect();
-    sendAll(fd.get(), bad);
-    const std::string answer = readToEof(fd.get());
-    EXPECT_THAT(answer, StartsWith("HTTP/1.1 400 "));
-    EXPECT_THAT(answer, HasSubstr("upgrade-not-supported"));
-    EXPECT_EQ(count(answer, "HTTP/1.1 "), 1U);
-  }
-  EXPECT_FALSE(called);
+  expectOne400Each(
+      {"GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+       "GET / HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\nPRI * HTTP/2.0\r\n",
+       "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"},
+      "upgrade-not-supported");
 }
 
 TEST(HttpServerTest, AHeadOfManySmallFieldsIs431) {
