@@ -50,6 +50,9 @@ inline constexpr std::chrono::seconds kUdpIdleTimeout{60};
 /// A refused UDP flow is remembered this long, so a chatty client does not open one tunnel
 /// per datagram.
 inline constexpr std::chrono::seconds kUdpRefusalHold{10};
+/// A refused UDP flow answers at most one datagram per this interval with an ICMP port
+/// unreachable (as Linux's own icmp_ratelimit, 1000 ms).
+inline constexpr std::chrono::seconds kUdpUnreachableInterval{1};
 /// TCP keep-alive towards the agent: first probe after this much idle time.
 inline constexpr std::chrono::seconds kKeepAliveIdle{60};
 /// How often flows are checked for the timeouts above.
@@ -65,6 +68,7 @@ struct Counters {
   uint64_t tcp_refused = 0;              ///< SYN answered with RST: the boundary refused or failed
   uint64_t tcp_accepted = 0;             ///< flows whose tunnel the boundary accepted
   uint64_t udp_refused = 0;              ///< UDP tunnels the boundary refused
+  uint64_t udp_unreachable = 0;          ///< ICMP port unreachable sent for refused UDP flows
   uint64_t udp_accepted = 0;             ///< UDP tunnels the boundary accepted
   uint64_t syn_retransmits_dropped = 0;  ///< SYNs seen again while the verdict was pending
   uint64_t malformed_packets = 0;        ///< packets from tun0 that failed validation

@@ -1,5 +1,6 @@
 #include "netstack/packet.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 
@@ -200,6 +201,29 @@ std::string buildTcpRst(const Packet& syn) {
   const uint32_t sum =
       checksumAdd({tcp, kTcpHeaderMin}, pseudoHeaderSum(from, to, kProtoTcp, kTcpHeaderMin));
   store16(tcp + 16, checksumFinish(sum));
+  return out;
+}
+
+std::string buildUdpPortUnreachable(const Endpoint& agent, const Endpoint& dst,
+                                    std::string_view payload) {
+  constexpr size_t kIcmpHeader = 8;
+  const size_t ip_len = dst.v6 ? kIpv6Header : kIpv4HeaderMin;
+  const size_t most = dst.v6 ? 1280 : 576;
+  // The quote: the datagram as the agent sent it (its own lengths and checksum), cut.
+  std::string quote = buildUdp(agent, dst, payload);
+  if (quote.empty()) return {};
+  quote.resize(std::min(quote.size(), most - ip_len - kIcmpHeader));
+  const size_t icmp_len = kIcmpHeader + quote.size();
+  std::string out(ip_len + icmp_len, '\0');
+  auto* p = reinterpret_cast<uint8_t*>(out.data());
+  writeIpHeader(p, dst, agent, dst.v6 ? kProtoIcmpv6 : kProtoIcmp, icmp_len);
+  uint8_t* icmp = p + ip_len;
+  icmp[0] = dst.v6 ? 1 : 3;  // destination unreachable
+  icmp[1] = dst.v6 ? 4 : 3;  // port unreachable
+  std::copy(quote.begin(), quote.end(), icmp + kIcmpHeader);
+  // ICMPv6 sums a pseudo-header (RFC 4443 §2.3); ICMPv4 sums the message only (RFC 792).
+  const uint32_t start = dst.v6 ? pseudoHeaderSum(dst, agent, kProtoIcmpv6, icmp_len) : 0;
+  store16(icmp + 2, checksumFinish(checksumAdd({icmp, icmp_len}, start)));
   return out;
 }
 

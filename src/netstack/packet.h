@@ -18,6 +18,8 @@ namespace netstack {
 
 inline constexpr uint8_t kProtoTcp = 6;
 inline constexpr uint8_t kProtoUdp = 17;
+inline constexpr uint8_t kProtoIcmp = 1;
+inline constexpr uint8_t kProtoIcmpv6 = 58;
 inline constexpr uint8_t kTcpFin = 0x01;
 inline constexpr uint8_t kTcpSyn = 0x02;
 inline constexpr uint8_t kTcpRst = 0x04;
@@ -81,6 +83,15 @@ std::string buildTcpRst(const Packet& syn);
 /// ≤ 65487 for IPv6 so the whole packet stays within kMaxPacketBytes); an empty string if
 /// too large.
 std::string buildUdp(const Endpoint& from, const Endpoint& to, std::string_view payload);
+
+/// The ICMP "port unreachable" that `dst` would send `agent` for the UDP datagram agent → dst
+/// carrying `payload` (RFC 792 type 3 code 3; RFC 4443 §3.1 type 1 code 4): it quotes that
+/// datagram (IP header, UDP header, payload) cut so the whole stays within 576 bytes for IPv4
+/// (RFC 1812 §4.3.2.3) or 1280 for IPv6 (RFC 4443 §2.4(c)). The agent's kernel then fails a
+/// connected UDP socket with ECONNREFUSED (udp(7)), as a refused TCP flow fails with a RST.
+/// Empty if the datagram itself could not be built (buildUdp()).
+std::string buildUdpPortUnreachable(const Endpoint& agent, const Endpoint& dst,
+                                    std::string_view payload);
 
 /// The Internet checksum (RFC 1071) of `data` added to `sum`, not yet folded or inverted.
 uint32_t checksumAdd(std::span<const uint8_t> data, uint32_t sum = 0);

@@ -171,6 +171,7 @@ void Stack::Impl::stop() {
                                  {"tcp_refused", c.tcp_refused},
                                  {"udp_accepted", c.udp_accepted},
                                  {"udp_refused", c.udp_refused},
+                                 {"udp_unreachable", c.udp_unreachable},
                                  {"dns_queries", c.dns_queries},
                                  {"cap_tcp_flows", c.tcp_flows_cap},
                                  {"cap_pending_syns", c.pending_syns_cap},

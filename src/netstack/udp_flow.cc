@@ -36,6 +36,7 @@ void UdpFlow::onVerdict(int status, const std::string& detail, std::string lefto
     ++core_.counters.udp_refused;
     logRefusedFlow("udp flow refused", target_, status, detail);
     state_ = State::kRefused;
+    sendUnreachable(std::move(unreachable_));
     queued_.clear();
     queued_datagrams_ = 0;
     asio::error_code ignored;
@@ -52,8 +53,17 @@ void UdpFlow::onVerdict(int status, const std::string& detail, std::string lefto
 }
 
 void UdpFlow::send(std::string_view payload) {
-  // A refused flow's hold runs from the refusal, not from the datagrams that keep coming.
-  if (state_ == State::kRefused || state_ == State::kClosed) return;
+  if (state_ == State::kRefused) {
+    // A refused flow's hold runs from the refusal, not from the datagrams that keep coming.
+    if (Clock::now() - last_unreachable_ >= kUdpUnreachableInterval) {
+      sendUnreachable(buildUdpPortUnreachable(key_.src, key_.dst, payload));
+    }
+    return;
+  }
+  if (state_ == State::kClosed) return;
+  if (state_ == State::kOpening && unreachable_.empty()) {
+    unreachable_ = buildUdpPortUnreachable(key_.src, key_.dst, payload);
+  }
   last_activity_ = Clock::now();
   if (queued_datagrams_ >= kMaxUdpQueuedDatagrams ||
       queued_.size() + payload.size() + 16 > kMaxUdpQueuedBytes) {
@@ -121,6 +131,13 @@ void UdpFlow::deliver(std::string_view bytes) {
       core_.lwip.writeTun({reinterpret_cast<const uint8_t*>(packet.data()), packet.size()});
     }
   }
+}
+
+void UdpFlow::sendUnreachable(std::string packet) {
+  if (packet.empty()) return;
+  last_unreachable_ = Clock::now();
+  ++core_.counters.udp_unreachable;
+  core_.lwip.writeTun({reinterpret_cast<const uint8_t*>(packet.data()), packet.size()});
 }
 
 void UdpFlow::sweep(Clock::time_point now) {

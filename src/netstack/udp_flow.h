@@ -3,7 +3,9 @@
 // tunnel (RFC 9298) to the boundary, datagrams carried as DATAGRAM capsules (RFC 9297) both
 // ways. Datagrams sent while the tunnel opens wait in a bounded queue; past the bound they
 // are dropped, as UDP may. A refused flow is remembered for a while, so a chatty client does
-// not open one tunnel per datagram.
+// not open one tunnel per datagram, and is answered as a closed port would be: an ICMP port
+// unreachable (at most one per kUdpUnreachableInterval), so a connected UDP socket fails with
+// ECONNREFUSED at once, as a refused TCP flow does with its RST.
 
 #include "netstack/core.h"
 #include "proto/capsule.h"
@@ -42,6 +44,7 @@ class UdpFlow : public std::enable_shared_from_this<UdpFlow> {
   void read();
   void deliver(std::string_view bytes);
   void release();
+  void sendUnreachable(std::string packet);
 
   Core& core_;
   FlowKey key_;
@@ -56,6 +59,8 @@ class UdpFlow : public std::enable_shared_from_this<UdpFlow> {
   bool read_waiting_ = false;
   proto::CapsuleReader reader_;
   Clock::time_point last_activity_ = Clock::now();
+  std::string unreachable_;  // the ICMP answering the first datagram, sent if refused
+  Clock::time_point last_unreachable_{};
 };
 
 }  // namespace netstack

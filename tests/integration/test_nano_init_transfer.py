@@ -100,7 +100,8 @@ def udp_cmd(host, n=5):
 
 def test_udp_echo_allowed_name_and_silence_for_denied_name(box):
     """An allowed name: each datagram echoed byte-exact. A denied name: resolvable through the
-    sandbox's DNS, but nothing comes back (within 1 s per datagram)."""
+    sandbox's DNS, but nothing comes back (within 1 s per datagram): this client's socket is
+    not connected, and Linux reports no ICMP error to such a socket (udp(7))."""
     r = sandbox(box, udp_cmd(ALLOWED) + " && echo -- && " + udp_cmd(DENIED, n=3), timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     ok, denied = r.stdout.split("--\n")
@@ -110,3 +111,39 @@ def test_udp_echo_allowed_name_and_silence_for_denied_name(box):
     denied_lines = denied.strip().splitlines()
     assert denied_lines[0].startswith("resolved "), denied  # the virtual DNS answers it
     assert denied_lines[1:] == ["timeout"] * 3, denied
+
+
+CONNECTED_UDP_CLIENT = r"""
+import socket, sys, time
+host, family = sys.argv[1], {"4": socket.AF_INET, "6": socket.AF_INET6}[sys.argv[2]]
+addr = socket.getaddrinfo(host, 5353, family, socket.SOCK_DGRAM)[0][4]
+s = socket.socket(family, socket.SOCK_DGRAM)
+s.settimeout(10.0)
+s.connect(addr)
+for attempt in range(2):
+    if attempt:
+        time.sleep(1.1)  # refusals are answered at most once a second per flow
+    try:
+        s.send(b"hello")
+        data = s.recv(65535)
+        print("echo", data == b"hello")
+    except ConnectionRefusedError:
+        print("refused")
+    except socket.timeout:
+        print("timeout")
+"""
+
+
+@pytest.mark.parametrize("family", ["4", "6"])
+def test_a_connected_udp_socket_to_a_denied_name_is_refused_not_left_waiting(box, family):
+    """A refused UDP flow is answered as a closed port would be (ICMP port unreachable), so a
+    connected socket fails with ECONNREFUSED instead of waiting out its timeout (10 s here);
+    an allowed name still echoes on the same kind of socket."""
+    script = shlex.quote(CONNECTED_UDP_CLIENT)
+    r = sandbox(box, f"{PY} -c {script} {DENIED} {family} && echo -- && "
+                     f"{PY} -c {script} {ALLOWED} {family}", timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr
+    denied, allowed = r.stdout.split("--\n")
+    # The first datagram's refusal, and a later one's while the flow is held refused.
+    assert denied.split() == ["refused", "refused"], r.stdout + r.stderr
+    assert allowed.split() == ["echo", "True", "echo", "True"], r.stdout + r.stderr

@@ -144,6 +144,72 @@ TEST(PacketTest, UdpReplyRoundTrips) {
   EXPECT_TRUE(buildUdp(Endpoint{}, Endpoint{}, std::string(70000, 'x')).empty());
 }
 
+uint16_t load16(const std::string& s, size_t at) {
+  return static_cast<uint16_t>((static_cast<uint8_t>(s[at]) << 8) |
+                               static_cast<uint8_t>(s[at + 1]));
+}
+
+// A refused UDP flow is answered as a closed port would be: the agent's connected socket gets
+// ECONNREFUSED instead of waiting (RFC 792, RFC 4443).
+TEST(PacketTest, PortUnreachableQuotesTheDatagramAndChecksOut) {
+  for (bool v6 : {false, true}) {
+    SCOPED_TRACE(v6 ? "IPv6" : "IPv4");
+    const Endpoint agent =
+        Endpoint::from(asio::ip::make_address(v6 ? "100::2" : "100.64.0.2"), 40000);
+    const Endpoint dst = Endpoint::from(asio::ip::make_address(v6 ? "100::9" : "100.64.0.9"), 443);
+    const size_t ip_len = v6 ? 40 : 20;
+    for (size_t payload_len : {size_t{5}, size_t{3000}}) {
+      const std::string payload(payload_len, 'q');
+      const std::string datagram = buildUdp(agent, dst, payload);
+      const std::string icmp = buildUdpPortUnreachable(agent, dst, payload);
+      ASSERT_FALSE(icmp.empty());
+      // Outer header: from the address the agent dialled, to the agent, ICMP.
+      EXPECT_EQ(static_cast<uint8_t>(icmp[0]) >> 4, v6 ? 6 : 4);
+      EXPECT_EQ(static_cast<uint8_t>(icmp[v6 ? 6 : 9]), v6 ? kProtoIcmpv6 : kProtoIcmp);
+      const size_t addr_at = v6 ? 8 : 12, addr_len = v6 ? 16 : 4;
+      EXPECT_EQ(icmp.compare(addr_at, addr_len,
+                             std::string(dst.addr.begin(), dst.addr.begin() + addr_len)),
+                0);
+      EXPECT_EQ(icmp.compare(addr_at + addr_len, addr_len,
+                             std::string(agent.addr.begin(), agent.addr.begin() + addr_len)),
+                0);
+      const auto* bytes = reinterpret_cast<const uint8_t*>(icmp.data());
+      if (!v6) {
+        EXPECT_EQ(load16(icmp, 2), icmp.size());
+        EXPECT_EQ(checksumFinish(checksumAdd({bytes, 20})), 0);
+      } else {
+        EXPECT_EQ(load16(icmp, 4) + 40U, icmp.size());
+      }
+      // Type and code: destination unreachable, port unreachable.
+      EXPECT_EQ(static_cast<uint8_t>(icmp[ip_len]), v6 ? 1 : 3);
+      EXPECT_EQ(static_cast<uint8_t>(icmp[ip_len + 1]), v6 ? 4 : 3);
+      const size_t icmp_len = icmp.size() - ip_len;
+      uint32_t sum = checksumAdd({bytes + ip_len, icmp_len});
+      if (v6) {  // the pseudo-header: both addresses, the length and next header 58
+        sum = checksumAdd({bytes + 8, 32}, sum);
+        const uint8_t tail[8] = {0,
+                                 0,
+                                 static_cast<uint8_t>(icmp_len >> 8),
+                                 static_cast<uint8_t>(icmp_len),
+                                 0,
+                                 0,
+                                 0,
+                                 kProtoIcmpv6};
+        sum = checksumAdd(tail, sum);
+      }
+      EXPECT_EQ(checksumFinish(sum), 0);
+      // The quote is the datagram as sent, cut to the protocol's size bound.
+      const std::string quote = icmp.substr(ip_len + 8);
+      EXPECT_EQ(quote, datagram.substr(0, quote.size()));
+      if (payload_len == 5) {
+        EXPECT_EQ(quote, datagram);
+      } else {
+        EXPECT_EQ(icmp.size(), v6 ? 1280U : 576U);
+      }
+    }
+  }
+}
+
 TEST(PacketTest, EndpointAddressConversions) {
   const auto v4 = Endpoint::from(asio::ip::make_address("100.127.255.253"), 53);
   EXPECT_FALSE(v4.v6);
