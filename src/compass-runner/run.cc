@@ -111,11 +111,13 @@ void removeQuietly(const std::string& dir) {
 int runAgent(const RunOptions& opts) {
   std::unique_ptr<Backend> backend;
   AgentSpec spec = opts.spec;
+  std::string root;  // the tier's state root, read from the environment once
   try {
     backend = selectBackend(opts.backend, std::getenv("COMPASS_RUNTIME_BACKEND"));
+    root = stateRoot(std::string(backend->name()));
     // Before validate(), which may write there (podman's containers.conf). The host tier binds
     // no socket in its state dir (host_backend.h).
-    checkStateRoot(stateRoot(std::string(backend->name())), backend->name() != "host");
+    checkStateRoot(root, backend->name() != "host");
     backend->validate(spec);
   } catch (const std::exception& e) {
     say(std::string("refusing to start: ") + e.what());
@@ -128,10 +130,10 @@ int runAgent(const RunOptions& opts) {
   AgentRecord rec;
   try {
     spec.id = newAgentId();
-    spec.state_dir = createStateDir(stateRoot(tier), spec.id);
+    spec.state_dir = createStateDir(root, spec.id);
     // Before anything host-wide is made: another root's gc must know this agent is not its
     // orphan (state_roots.h).
-    if (tier != "host") registerStateRoot(stateRoot(tier));
+    if (tier != "host") registerStateRoot(root);
   } catch (const std::exception& e) {
     say(std::string("cannot start agent: ") + e.what());
     return kExitCannotStart;
@@ -142,7 +144,7 @@ int runAgent(const RunOptions& opts) {
     ~RootSweeper() {
       if (!root.empty()) removeStateRootIfEmpty(root);
     }
-  } const sweeper{tier == "host" ? stateRoot(tier) : std::string()};
+  } const sweeper{tier == "host" ? root : std::string()};
   // Said before the agent can run, and only when it is about to: a start refused for its
   // state directory warns about nothing.
   if (posture == Posture::kUnenforced) (void)std::fputs(host::unenforcedBanner().c_str(), stderr);
