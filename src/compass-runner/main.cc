@@ -5,6 +5,7 @@
 #include <variant>
 
 #include "common/log.h"
+#include "compass-runner/backend.h"
 #include "compass-runner/image.h"
 #include "compass-runner/options.h"
 #include "compass-runner/roster.h"
@@ -46,6 +47,11 @@ int main(int argc, char** argv) {
                           [](const runner::ImageBuildOptions& o) { return buildImage(o); },
                       },
                       command);
+  } catch (const runner::SpecRefused& e) {
+    // A refusal of the request itself (a bad TMPDIR or COMPASS_STATE_DIR): exit 2 from every
+    // command, as `run` does (docs/compass-runner.md, "Exit codes").
+    std::fprintf(stderr, "compass-runner: %s\n", e.what());
+    return runner::kExitUsage;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "compass-runner: %s\n", e.what());
     return 1;

@@ -81,11 +81,11 @@ bool isUtf8(std::string_view text) {
 /// state_roots.h, and of messages). `variable` names where it came from.
 void checkRootText(const std::string& root, const char* variable) {
   if (root.empty() || root.front() != '/') {
-    throw RunnerError("state root \"" + root + "\" is not an absolute path (" + variable +
+    throw SpecRefused("state root \"" + root + "\" is not an absolute path (" + variable +
                       " must be absolute)");
   }
   if (std::any_of(root.begin(), root.end(), isControlByte)) {
-    throw RunnerError(std::string("state root: ") + variable +
+    throw SpecRefused(std::string("state root: ") + variable +
                       " must not hold control characters (a newline, a tab, …)");
   }
 }

@@ -274,3 +274,15 @@ def test_an_unusable_state_root_is_refused_before_anything_starts(root, reason):
     assert r.returncode == 2, r.stderr
     assert "COMPASS_STATE_DIR" in r.stderr and reason in r.stderr, r.stderr
     assert not os.path.exists(root.split("\n")[0]), "the refused root was written to"
+
+
+@pytest.mark.parametrize("command", [["agents"], ["agents", "--json"], ["gc"],
+                                     ["stop", "a0123456789"], ["resize", "a0123456789",
+                                                               "--memory", "64m"]])
+def test_every_command_refuses_a_relative_state_root_as_a_usage_error(command, tmp_path):
+    """A relative COMPASS_STATE_DIR is the operator's input error whichever command reads it:
+    exit 2 as for `run`, naming the variable, and nothing made below the working directory."""
+    r = cli(*command, env={"COMPASS_STATE_DIR": "relative/state"}, cwd=tmp_path)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "COMPASS_STATE_DIR" in r.stderr and "not an absolute path" in r.stderr, r.stderr
+    assert not (tmp_path / "relative").exists()
