@@ -6,18 +6,21 @@ server directly, in one run (issue 6, "Benchmark"; target ≤ 1.3 × direct late
     sudo /usr/bin/python3 bench/sam_node_bench.py            # full run, about a minute
     sudo /usr/bin/python3 bench/sam_node_bench.py --quick    # smoke run, about 15 seconds
 
-Three paths, one client (this file with --client, Python's http.client on one keep-alive
+Four paths, one client (this file with --client, Python's http.client on one keep-alive
 connection, as an SDK keeps one), one model server (tests/integration/model_server.py):
 
 - direct:  the client → 127.0.0.1:<model server>
+- nginx:   the client → nginx on a Unix socket → model server (upstream keep-alive, unbuffered,
+           the upstream key set by nginx): what any reverse proxy in the node's place costs on
+           this machine; skipped when nginx is not installed (scripts/install-deps --bench)
 - node:    the client → sam-node's API socket (X-Sam-Agent set by the client) → model server;
            what the node alone costs
 - sandbox: the client runs as nano-init's agent in fresh PID + network namespaces and calls
            http://mesh.sam.alt; nano-init → sam-box → sam-node → model server: what an agent
            pays
 
-Paths are measured in interleaved rounds (direct, node, sandbox, direct, ...) so that drift
-of the machine hits them alike; the report takes the median of the per-round medians.
+Paths are measured in interleaved rounds (direct, nginx, node, sandbox, direct, ...) so that
+drift of the machine hits them alike; the report takes the median of the per-round medians.
 Latency: a small non-streamed completion, timed from sending the request to the last byte of
 the answer. Streaming: one `"stream": true` completion of N content chunks of B bytes
 (model_server.py's x_bench), timed to the first byte and to [DONE]; throughput counts the SSE
@@ -35,6 +38,7 @@ import json
 import os
 import pathlib
 import platform
+import shutil
 import signal
 import socket
 import statistics
@@ -142,7 +146,8 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 2 rounds, 100 requests, 4000 chunks (explicit flags win)")
     p.add_argument("--out", default="", help="JSON result path (default bench/results/…)")
-    p.add_argument("--logs", default="", help="directory for sam-node's and sam-box's logs")
+    p.add_argument("--logs", default="",
+                   help="directory for sam-node's, sam-box's and nginx's logs")
     p.add_argument("--client", default="", help=argparse.SUPPRESS)
     p.add_argument("--warmup", type=int, default=20, help=argparse.SUPPRESS)
     p.add_argument("--key", default="unused", help=argparse.SUPPRESS)
@@ -239,9 +244,60 @@ roles:
     return model_port, node_sock, box_sock
 
 
+def start_nginx(args, procs, wd, model_port):
+    """nginx as a plain reverse proxy in the node's place: a Unix socket in, HTTP/1.1 with
+    upstream keep-alive out to the same model server, responses unbuffered (sam-node streams
+    them), the agent's key replaced by the upstream key (as the node does). One foreground
+    process (no daemon, no master), so Procs stops it and die_with_parent covers it.
+    Returns (socket path, facts for the JSON); RuntimeError if it is missing or fails."""
+    binary = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not os.access(binary, os.X_OK):
+        raise RuntimeError("nginx is not installed (scripts/install-deps --bench)")
+    version = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=10,
+                             stdin=subprocess.DEVNULL).stderr.strip()
+    d = wd / "nginx"
+    d.mkdir()
+    sock = str(wd / "nginx.sock")
+    errlog = pathlib.Path(args.logs) / "nginx-error.log" if args.logs else d / "error.log"
+    errlog.parent.mkdir(parents=True, exist_ok=True)
+    conf = d / "nginx.conf"
+    conf.write_text(f"""\
+# sam-node bench: nginx in the node's place (Unix socket in, the model server out).
+daemon off;
+master_process off;
+worker_processes 1;
+pid {d}/nginx.pid;
+error_log {errlog} warn;
+events {{ worker_connections 64; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/body;
+    proxy_temp_path {d}/proxy;
+    upstream model {{
+        server 127.0.0.1:{model_port};
+        keepalive 16;
+    }}
+    server {{
+        listen unix:{sock};
+        location / {{
+            proxy_pass http://model;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Authorization "Bearer {MODEL_KEY}";
+            proxy_buffering off;
+        }}
+    }}
+}}
+""")
+    cmd = [binary, "-p", str(d), "-c", str(conf), "-e", str(errlog)]
+    proc = procs.start(cmd)
+    wait_unix(proc, sock, "nginx")
+    return sock, {"version": version, "command": cmd, "config": conf.read_text()}
+
+
 def run_client(args, base, sandbox_boundary=None):
-    # Only the direct client holds the upstream key; through the node the agent's placeholder
-    # is dropped and the node attaches the key.
+    # Only the direct client holds the upstream key; through the node (and nginx) the agent's
+    # placeholder is dropped and the proxy attaches the key.
     key = MODEL_KEY if base.startswith("http://127.") else "unused"
     cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--client", base, "--key", key,
            "--requests", str(args.requests), "--chunks", str(args.chunks),
@@ -272,17 +328,30 @@ def summarize(rounds):
 
 def report(res):
     s = res["paths"]
+    skipped = res.get("skipped", {})
     print(f"\nsam-node bench ({res['when']}, {res['host']}): {res['rounds']} rounds × "
-          f"{res['requests']} requests; stream {res['chunks']} × {res['chunk_bytes']} B")
+          f"{res['requests']} requests; stream {res['chunks']} × {res['chunk_bytes']} B; "
+          f"load average {res['loadavg']['before'][0]:.2f} before, "
+          f"{res['loadavg']['after'][0]:.2f} after")
     print(f"{'path':<9}{'p50 ms':>9}{'p99 ms':>9}{'×direct':>9}{'MiB/s':>9}{'×direct':>9}"
           f"{'TTFB ms':>9}")
     d = s["direct"]
-    for name in ("direct", "node", "sandbox"):
+    for name in ("direct", "nginx", "node", "sandbox"):
+        if name in skipped:
+            print(f"{name:<9}skipped: {skipped[name]}")
+            continue
         v = s[name]
         print(f"{name:<9}{v['latency_p50_ms']:>9.3f}{v['latency_p99_ms']:>9.3f}"
               f"{v['latency_p50_ms'] / d['latency_p50_ms']:>9.2f}"
               f"{v['stream_mib_per_s']:>9.1f}{v['stream_mib_per_s'] / d['stream_mib_per_s']:>9.2f}"
               f"{v['stream_ttfb_ms']:>9.3f}")
+    c = res["comparisons"]
+    if "node_vs_nginx" in c:
+        print(f"node: {c['node_vs_direct']:.2f}× direct, {c['node_vs_nginx']:.2f}× nginx in the "
+              f"same place (p50 over direct: nginx +{c['nginx_minus_direct_ms']:.3f} ms, "
+              f"node +{c['node_minus_direct_ms']:.3f} ms)")
+    else:
+        print(f"node: {c['node_vs_direct']:.2f}× direct (no nginx reference: skipped)")
     for t in res["targets"]:
         print(f"{'PASS' if t['pass'] else 'MISS'}  {t['what']}: {t['value']:.2f} "
               f"(target {t['target']})")
@@ -307,30 +376,54 @@ def main(argv):
     wd = pathlib.Path(tempfile.mkdtemp(prefix="samnodebench-", dir="/tmp"))
     os.chmod(wd, 0o755)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    skipped, nginx_facts, load_before = {}, None, os.getloadavg()
     try:
         model_port, node_sock, box_sock = start_all(args, procs, wd)
-        paths = {"direct": (f"http://127.0.0.1:{model_port}", None),
-                 "node": (f"unix:{node_sock}", None),
-                 "sandbox": ("http://mesh.sam.alt", box_sock)}
+        paths = {"direct": (f"http://127.0.0.1:{model_port}", None)}
+        try:  # a reference only: without it the bench goes on
+            nginx_sock, nginx_facts = start_nginx(args, procs, wd, model_port)
+            paths["nginx"] = (f"unix:{nginx_sock}", None)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+            skipped["nginx"] = str(e)
+            log(f"nginx skipped: {e}")
+        paths["node"] = (f"unix:{node_sock}", None)
+        paths["sandbox"] = ("http://mesh.sam.alt", box_sock)
         rounds = {name: [] for name in paths}
         for i in range(args.rounds):
-            for name, (base, boundary) in paths.items():
+            for name, (base, boundary) in list(paths.items()):
                 log(f"round {i + 1}/{args.rounds}: {name}")
-                rounds[name].append(run_client(args, base, boundary))
+                try:
+                    rounds[name].append(run_client(args, base, boundary))
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    if name != "nginx":
+                        raise
+                    skipped["nginx"] = f"client failed: {e}"
+                    log(f"nginx skipped: {skipped['nginx']}")
+                    del paths["nginx"], rounds["nginx"]
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         print(f"sam_node_bench: could not measure: {e}", file=sys.stderr)
         return 1
     finally:
         procs.stop_all()
-        for p in wd.iterdir():
-            p.unlink()
-        wd.rmdir()
+        shutil.rmtree(wd, ignore_errors=True)
     summary = {name: summarize(r) for name, r in rounds.items()}
     ratio = summary["sandbox"]["latency_p50_ms"] / summary["direct"]["latency_p50_ms"]
+    p50 = {name: v["latency_p50_ms"] for name, v in summary.items()}
+    comparisons = {"node_vs_direct": p50["node"] / p50["direct"],
+                   "sandbox_vs_direct": ratio,
+                   "node_minus_direct_ms": p50["node"] - p50["direct"]}
+    if "nginx" in p50:
+        comparisons.update({"nginx_vs_direct": p50["nginx"] / p50["direct"],
+                            "node_vs_nginx": p50["node"] / p50["nginx"],
+                            "sandbox_vs_nginx": p50["sandbox"] / p50["nginx"],
+                            "nginx_minus_direct_ms": p50["nginx"] - p50["direct"],
+                            "node_minus_nginx_ms": p50["node"] - p50["nginx"]})
     res = {"bench": "sam-node", "when": datetime.datetime.now(datetime.timezone.utc)
            .strftime("%Y-%m-%dT%H:%M:%SZ"), "host": platform.node(), "rounds": args.rounds,
            "requests": args.requests, "chunks": args.chunks, "chunk_bytes": args.chunk_bytes,
-           "cpus": os.cpu_count(), "paths": summary, "raw": rounds,
+           "cpus": os.cpu_count(), "loadavg": {"before": load_before, "after": os.getloadavg()},
+           "paths": summary,
+           "skipped": skipped, "nginx": nginx_facts, "comparisons": comparisons, "raw": rounds,
            "targets": [{"what": "sandbox p50 latency / direct", "value": ratio,
                         "target": f"≤ {TARGET_LATENCY_RATIO}",
                         "pass": ratio <= TARGET_LATENCY_RATIO}]}
