@@ -203,6 +203,15 @@ unsigned Socket::indexOf(const std::string& dev) {
   return static_cast<unsigned>(info.ifi_index);
 }
 
+void Socket::deleteLink(const std::string& dev) {
+  const std::string what = "RTM_DELLINK " + dev;
+  checkName(dev, what);
+  Message m(RTM_DELLINK, NLM_F_ACK);
+  m.put(ifinfomsg{});
+  m.attr(IFLA_IFNAME, dev);
+  transact(m.take(), what);
+}
+
 void Socket::addVeth(const std::string& host, const std::string& peer, int peer_netns_fd) {
   const std::string what = "RTM_NEWLINK " + host + " type veth peer " + peer;
   checkName(host, what);

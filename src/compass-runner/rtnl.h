@@ -47,6 +47,10 @@ class Socket {
   /// ::/0) is the gateway's. Throws RunnerError (EEXIST if that default route exists).
   void addDefaultRoute(const std::string& dev, const std::string& gateway);
 
+  /// `ip link del DEV` (RTM_DELLINK): removes the link, and for a veth its peer too. Throws
+  /// RunnerError ("No such device" when there is none).
+  void deleteLink(const std::string& dev);
+
   /// The interface index of `dev` in this socket's namespace (RTM_GETLINK). Throws
   /// RunnerError ("No such device" when there is none).
   unsigned indexOf(const std::string& dev);

@@ -195,7 +195,11 @@ bool removeVeth(const std::string& id) noexcept {
   try {
     const std::string dev = hostVethName(id);
     if (!linkExists(dev)) return true;
-    runCommand({"ip", "link", "del", dev}, "", kCommandTimeout);
+    try {
+      rtnl::Socket().deleteLink(dev);
+    } catch (const RunnerError&) {
+      // Told below: the link is still there, or it went away by itself meanwhile.
+    }
     return !linkExists(dev);
   } catch (...) {
     return false;

@@ -91,6 +91,13 @@ TEST_F(RtnlTest, VethAddressesLinkAndDefaultRoutesAsIpWouldMakeThem) {
             std::string::npos);
   EXPECT_NE(errorOf([&] { s.addVeth("va0", "eth0", peer_ns.get()); }).find("File exists"),
             std::string::npos);
+
+  // Deleting the host end removes the pair: the peer is gone from the other netns too.
+  s.deleteLink("va0");
+  EXPECT_EQ(ip(a_, {"-o", "link", "show"}).find("va0"), std::string::npos);
+  EXPECT_EQ(ip(b_, {"-o", "link", "show"}).find("eth0"), std::string::npos);
+  EXPECT_NE(errorOf([&] { s.deleteLink("va0"); }).find("RTM_DELLINK va0: No such device"),
+            std::string::npos);
 }
 
 TEST_F(RtnlTest, BadInputIsRefusedNamingWhatAndWhy) {
