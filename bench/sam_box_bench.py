@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """sam-box benchmark: tunnel set-up latency, bulk throughput and memory of the boundary,
-against a direct connection and against squid and tinyproxy given the same allowlist.
+against a direct connection, against squid and tinyproxy given the same allowlist, and against
+the floor: the least a separate process relaying CONNECT costs (sam-box-bench-load relay).
 
     sudo /usr/bin/python3 bench/sam_box_bench.py            # full run, about 2 minutes
     sudo /usr/bin/python3 bench/sam_box_bench.py --quick    # smoke run, about 20 seconds
@@ -17,9 +18,9 @@ bench/results/ (git-ignored). See bench/README.md for how to read them.
 
 Two processes: the outer one (in the host's namespaces) creates and always removes the
 namespace, its hosts file and the work directory; the inner one (`--inner`, started with
-`ip netns exec`) starts the upstream, sam-box, squid and tinyproxy, measures, and always
-stops them. Every child gets PR_SET_PDEATHSIG=SIGKILL, so nothing outlives its parent even
-on SIGKILL; Ctrl-C and SIGTERM clean up in order.
+`ip netns exec`) starts the upstream, sam-box, the floor relay, squid and tinyproxy,
+measures, and always stops them. Every child gets PR_SET_PDEATHSIG=SIGKILL, so nothing
+outlives its parent even on SIGKILL; Ctrl-C and SIGTERM clean up in order.
 """
 
 import argparse
@@ -49,6 +50,7 @@ RESULTS = BENCH / "results"
 NAME = "bench.test"  # the allowed name
 UNCACHED = "sam-box/0"  # sam-box with --resolve-cache-ttl 0 (set-up latency only)
 OTHER_NAME = "denied.test"  # resolves to the same address; only policy refuses it
+FLOOR = "floor"  # sam-box-bench-load relay: CONNECT relayed with no policy (see load.cc)
 
 # Targets from issue 2 ("Benchmark").
 TARGET_SETUP_RATIO = 1.5  # sam-box median set-up ≤ 1.5 × direct
@@ -104,7 +106,8 @@ def parse_args(argv):
     p.add_argument("--budget", type=float, default=120.0,
                    help="seconds; past this, further throughput trials are skipped")
     p.add_argument("--only", default="",
-                   help="comma-separated subset of sam-box,squid,tinyproxy (direct always runs)")
+                   help="comma-separated subset of sam-box,floor,squid,tinyproxy "
+                        "(direct always runs)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 400 set-ups, 128 MiB, 1 trial, 200 flows (explicit flags win)")
     p.add_argument("--out", default="", help="JSON result path (default bench/results/…)")
@@ -390,6 +393,22 @@ def start_sam_box(args, procs, wd, port, name="sam-box", extra=()):
     return {"proc": proc, "via": ["--via", f"unix:{sock}", "--authority", f"{NAME}:{port}"],
             "client": (socket.AF_UNIX, sock), "metrics_port": metrics_port,
             "transport": "Unix socket (as a sandbox reaches it)", "command": cmd}
+
+
+def start_floor(args, procs, wd, port):
+    """The floor: sam-box-bench-load relay, reached like sam-box over a Unix socket. It
+    answers 200 to any CONNECT and splices to the upstream: no policy, no name lookup."""
+    sock = str(wd / f"{FLOOR}.sock")
+    cmd = [args.load, "relay", "--listen", f"unix:{sock}", "--to", f"127.0.0.1:{port}"]
+    err = open(log_target(args, f"{FLOOR}.log"), "ab")
+    try:
+        proc = procs.start(FLOOR, cmd, stderr=err)
+    finally:
+        err.close()
+    wait_accepting(proc, socket.AF_UNIX, sock, FLOOR)
+    return {"proc": proc, "via": ["--via", f"unix:{sock}", "--authority", f"{NAME}:{port}"],
+            "client": (socket.AF_UNIX, sock), "enforces_policy": False,
+            "transport": "Unix socket (as sam-box)", "command": cmd}
 
 
 def start_squid(args, procs, wd, port):
@@ -722,6 +741,72 @@ def targets(lat, thr, rss):
     return rows
 
 
+def floor_comparison(lat, thr):
+    """sam-box (and sam-box/0) against the floor relay, and the floor against direct: how much
+    of sam-box's cost is a second process relaying CONNECT at all, and how much is sam-box."""
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+
+    def med(n):
+        return lat.get(n, {}).get("median_us")
+
+    out = {"setup": {}, "throughput": {}}
+    d, f = med("direct"), med(FLOOR)
+    out["setup"]["floor_x_direct"] = ratio(f, d)
+    out["setup"]["floor_extra_us"] = f - d if f is not None and d is not None else None
+    out["setup"]["floor_proxy_cpu_us"] = lat.get(FLOOR, {}).get("proxy_cpu_us_per_setup")
+    for n in ("sam-box", UNCACHED):
+        s = med(n)
+        out["setup"][n] = {
+            "x_floor": ratio(s, f), "x_direct": ratio(s, d),
+            "extra_us_over_floor": s - f if s is not None and f is not None else None,
+            "extra_us_over_direct": s - d if s is not None and d is not None else None,
+            # the floor's share of what sam-box adds over direct
+            "floor_share": ratio(f - d, s - d) if None not in (s, f, d) else None,
+            "proxy_cpu_us": lat.get(n, {}).get("proxy_cpu_us_per_setup")}
+    for mode, _, _ in MODES:
+        def rate(n, mode=mode):
+            return thr.get(n, {}).get(mode, {}).get("gib_per_s")
+
+        def cpu(n, mode=mode):
+            return thr.get(n, {}).get(mode, {}).get("proxy_cpu_s_per_gib")
+
+        out["throughput"][mode] = {
+            "sam_box_of_floor": ratio(rate("sam-box"), rate(FLOOR)),
+            "sam_box_of_direct": ratio(rate("sam-box"), rate("direct")),
+            "floor_of_direct": ratio(rate(FLOOR), rate("direct")),
+            "sam_box_proxy_cpu_s_per_gib": cpu("sam-box"), "floor_proxy_cpu_s_per_gib": cpu(FLOOR)}
+    return out
+
+
+def floor_lines(fc):
+    """The summary lines of floor_comparison; none without both sam-box and the floor."""
+    lines = []
+    st = fc["setup"]
+    if st["floor_x_direct"] is None:
+        return lines
+    for n in ("sam-box", UNCACHED):
+        x = st.get(n, {})
+        if x.get("x_floor") is None:
+            continue
+        lines.append(f"  {n} set-up: {x['x_floor']:.2f}× the floor relay; the floor relay itself"
+                     f" {st['floor_x_direct']:.2f}× direct")
+        lines.append(f"    of {n}'s {x['extra_us_over_direct']:+.0f} µs over direct, the floor"
+                     f" relay's {st['floor_extra_us']:+.0f} µs ({fmt(x['floor_share'], '.0%')});"
+                     f" proxy CPU per set-up {fmt(x['proxy_cpu_us'], '.0f')} µs against"
+                     f" {fmt(st['floor_proxy_cpu_us'], '.0f')}")
+    for mode, _, _ in MODES:
+        t = fc["throughput"][mode]
+        if t["sam_box_of_floor"] is None:
+            continue
+        lines.append(f"  sam-box throughput {mode + ':':<5} {t['sam_box_of_floor']:.0%} of the"
+                     f" floor relay's; the floor relay itself {fmt(t['floor_of_direct'], '.0%')} of"
+                     f" direct (proxy CPU s per GiB"
+                     f" {fmt(t['sam_box_proxy_cpu_s_per_gib'], '.2f')} against"
+                     f" {fmt(t['floor_proxy_cpu_s_per_gib'], '.2f')})")
+    return lines
+
+
 def print_report(res):
     m, lat, thr, rss = res["meta"], res["latency"], res["throughput"], res["memory"]
     out = []
@@ -738,6 +823,10 @@ def print_report(res):
     out.append("")
     out.append(f"Allowlist check (CONNECT → status; want 200 / refused / refused / refused)")
     for n, c in res["checks"].items():
+        if c.get("policy") == "none":
+            out.append(f"  {n:<10} {NAME}:port {c['allowed']}   (no policy: relays every CONNECT"
+                       " to the upstream; the refusals are not checked)")
+            continue
         out.append(f"  {n:<10} {NAME}:port {c['allowed']}   {OTHER_NAME}:port {c['other_name']}"
                    f"   {NAME}:other-port {c['other_port']}   127.0.0.1:port {c['ip_literal']}")
     for n, p in res["paths"].items():
@@ -788,6 +877,12 @@ def print_report(res):
         out.append(f"  {n:<10} " + "  ".join(cells) + extra)
     if res.get("sam_box_metrics_check"):
         out.append(f"  sam-box metrics: {res['sam_box_metrics_check']}")
+    lines = floor_lines(res["floor_comparison"])
+    if lines:
+        out.append("")
+        out.append("Against the floor (the least a separate process relaying CONNECT costs here;"
+                   " targets stay against direct)")
+        out += lines
     out.append("")
     out.append("Targets (issue 2)")
     for t in res["targets"]:
@@ -815,7 +910,7 @@ def run_bench(args, procs):
     meta["upstream_port"] = port
     log(f"upstream on 127.0.0.1:{port} ({NAME})")
 
-    wanted = {"sam-box", "squid", "tinyproxy"}
+    wanted = {"sam-box", FLOOR, "squid", "tinyproxy"}
     if args.only:
         wanted &= {x.strip() for x in args.only.split(",")}
     paths = {"direct": {"via": ["--via", "direct", "--target", f"127.0.0.1:{port}"],
@@ -829,11 +924,12 @@ def run_bench(args, procs):
                 UNCACHED: lambda: dict(start_sam_box(args, procs, wd, port, name=UNCACHED,
                                                      extra=["--resolve-cache-ttl", "0"]),
                                        latency_only=True),
+                FLOOR: lambda: start_floor(args, procs, wd, port),
                 "squid": lambda: start_squid(args, procs, wd, port),
                 "tinyproxy": lambda: start_tinyproxy(args, procs, wd, port, args.flows)}
     if "sam-box" in wanted:
         wanted.add(UNCACHED)
-    for name in ("sam-box", UNCACHED, "squid", "tinyproxy"):
+    for name in ("sam-box", UNCACHED, FLOOR, "squid", "tinyproxy"):
         if name not in wanted:
             continue
         try:
@@ -846,11 +942,19 @@ def run_bench(args, procs):
             paths[name] = {"error": f"start: {e}", "transport": "-"}
             log(f"{name}: {paths[name]['error']}")
 
-    # The same allowlist everywhere: one name, one port, no IP literals.
+    # The same allowlist everywhere: one name, one port, no IP literals. The floor relay has
+    # no policy by construction: only its allowed CONNECT is checked (it must carry data).
     checks = {}
     closed_port = free_port()
     for name, p in paths.items():
         if name == "direct" or p.get("error"):
+            continue
+        if p.get("enforces_policy") is False:
+            checks[name] = {"allowed": connect_status(p["client"], f"{NAME}:{port}"),
+                            "policy": "none"}
+            account(p, 1, 1, 1)
+            if checks[name]["allowed"] != 200:
+                p["error"] = f"CONNECT {NAME}:{port} answered {checks[name]['allowed']}, not 200"
             continue
         c = {"allowed": connect_status(p["client"], f"{NAME}:{port}"),
              "other_name": connect_status(p["client"], f"{OTHER_NAME}:{port}"),
@@ -914,6 +1018,7 @@ def run_bench(args, procs):
            "throughput_trials_skipped": skipped, "memory": memory_rows,
            "sam_box_metrics_check": metrics_check}
     res["targets"] = targets(lat, thr, memory_rows)
+    res["floor_comparison"] = floor_comparison(lat, thr)
     out = pathlib.Path(args.out) if args.out else RESULTS / (
         "sam-box-" + meta["date"].replace(":", "").replace("-", "") + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
