@@ -58,7 +58,7 @@ TEST(ChecksumTest, MatchesRfc1071ForEveryLengthAndAlignment) {
 }
 
 TEST(ChecksumTest, CarriesAndLargeInputs) {
-  // All-ones words make every 64-bit addition carry: the end-around carry must be exact.
+  // All-ones words make the largest sums: every fold and carry of the final sum must be exact.
   std::vector<uint8_t> ones(65535, 0xff);
   for (const size_t len : {size_t{8}, size_t{31}, size_t{32}, size_t{33}, size_t{4097},
                            size_t{65534}, size_t{65535}}) {
