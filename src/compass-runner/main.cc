@@ -29,14 +29,14 @@ int buildImage(const runner::ImageBuildOptions& opts) {
 
 int main(int argc, char** argv) {
   // A reader that goes away (`compass-runner agents | head`) is not a reason to die.
-  std::signal(SIGPIPE, SIG_IGN);
+  (void)std::signal(SIGPIPE, SIG_IGN);
   // The JSON lines of the firewall and its DNS forwarder name this program, not "compass".
   common::log::setProgram("compass-runner");
   auto command = runner::parseCommandLine(argc, argv);
   try {
     return std::visit(Overload{
                           [](const runner::Exit& e) {
-                            std::fputs(e.message.c_str(), e.exit_code == 0 ? stdout : stderr);
+                            (void)std::fputs(e.message.c_str(), e.exit_code == 0 ? stdout : stderr);
                             return e.exit_code;
                           },
                           [](const runner::RunOptions& o) { return runner::runAgent(o); },
@@ -50,10 +50,10 @@ int main(int argc, char** argv) {
   } catch (const runner::SpecRefused& e) {
     // A refusal of the request itself (a bad TMPDIR or COMPASS_STATE_DIR): exit 2 from every
     // command, as `run` does (docs/compass-runner.md, "Exit codes").
-    std::fprintf(stderr, "compass-runner: %s\n", e.what());
+    (void)std::fprintf(stderr, "compass-runner: %s\n", e.what());
     return runner::kExitUsage;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "compass-runner: %s\n", e.what());
+    (void)std::fprintf(stderr, "compass-runner: %s\n", e.what());
     return 1;
   }
 }
