@@ -384,15 +384,21 @@ def start_sam_box(args, procs, wd, port, name="sam-box", extra=()):
     cmd = [args.sam_box, "run", "--socket", sock, "--egress-allow", f"{NAME}:{port}",
            "--allow-destination", "127.0.0.0/8", "--metrics-addr", f"127.0.0.1:{metrics_port}",
            *extra]
-    err = open(log_target(args, f"{fname}.log"), "ab")
+    return {**start_unix_proxy(args, procs, name, fname, cmd, sock, port),
+            "metrics_port": metrics_port, "transport": "Unix socket (as a sandbox reaches it)"}
+
+
+def start_unix_proxy(args, procs, name, log_name, cmd, sock, port):
+    """Starts a proxy reached over the Unix socket `sock` (its stderr to LOG_NAME.log) and
+    waits until it accepts; the path's facts shared by sam-box and the floor."""
+    err = open(log_target(args, f"{log_name}.log"), "ab")
     try:
         proc = procs.start(name, cmd, stderr=err)
     finally:
         err.close()
     wait_accepting(proc, socket.AF_UNIX, sock, name)
     return {"proc": proc, "via": ["--via", f"unix:{sock}", "--authority", f"{NAME}:{port}"],
-            "client": (socket.AF_UNIX, sock), "metrics_port": metrics_port,
-            "transport": "Unix socket (as a sandbox reaches it)", "command": cmd}
+            "client": (socket.AF_UNIX, sock), "command": cmd}
 
 
 def start_floor(args, procs, wd, port):
@@ -400,15 +406,8 @@ def start_floor(args, procs, wd, port):
     answers 200 to any CONNECT and splices to the upstream: no policy, no name lookup."""
     sock = str(wd / f"{FLOOR}.sock")
     cmd = [args.load, "relay", "--listen", f"unix:{sock}", "--to", f"127.0.0.1:{port}"]
-    err = open(log_target(args, f"{FLOOR}.log"), "ab")
-    try:
-        proc = procs.start(FLOOR, cmd, stderr=err)
-    finally:
-        err.close()
-    wait_accepting(proc, socket.AF_UNIX, sock, FLOOR)
-    return {"proc": proc, "via": ["--via", f"unix:{sock}", "--authority", f"{NAME}:{port}"],
-            "client": (socket.AF_UNIX, sock), "enforces_policy": False,
-            "transport": "Unix socket (as sam-box)", "command": cmd}
+    return {**start_unix_proxy(args, procs, FLOOR, FLOOR, cmd, sock, port),
+            "enforces_policy": False, "transport": "Unix socket (as sam-box)"}
 
 
 def start_squid(args, procs, wd, port):
