@@ -39,8 +39,11 @@ inline constexpr size_t kMaxDnsTcpBuffer = size_t{256} * 1024;
 /// Most ingress connections at once.
 inline constexpr size_t kMaxIngressConnections = 256;
 
-/// Time the boundary has to connect and answer a tunnel request.
-inline constexpr std::chrono::seconds kTunnelOpenTimeout{10};
+/// Time the boundary has to connect and answer a tunnel request. Longer than sam-box's own
+/// time to resolve and connect upstream (10 s, sambox::kConnectTimeout), so a destination
+/// that does not answer is reported with sam-box's reason (504 connect-timeout) and not as a
+/// boundary that did not answer (boundary-unreachable).
+inline constexpr std::chrono::seconds kTunnelOpenTimeout{15};
 /// Time the agent has to complete a handshake once its SYN was answered.
 inline constexpr std::chrono::seconds kHandshakeTimeout{30};
 /// A TCP flow with no byte either way for this long is reset both ways.

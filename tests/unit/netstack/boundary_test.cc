@@ -4,9 +4,11 @@
 #include "netstack/boundary.h"
 
 #include "netstack/ingress.h"
+#include "netstack/limits.h"
 #include "netstack/packet.h"
 #include "proto/capsule.h"
 #include "proto/tunnel_request.h"
+#include "sam-box/limits.h"
 
 #include <linux/vm_sockets.h>
 #include <sys/socket.h>
@@ -97,6 +99,14 @@ TEST(BoundaryTest, ConnectUdpRequestParsesOnTheBoundary) {
   }
   EXPECT_NE(connectUdpRequest(literal6, std::nullopt).find("/2001%3Adb8%3A%3A2/53/"),
             std::string::npos);
+}
+
+TEST(BoundaryTest, WaitsLongerThanTheBoundaryTriesToConnect) {
+  // A destination that does not answer must be reported with sam-box's answer (504
+  // connect-timeout), which comes after sambox::kConnectTimeout; a shorter wait here raced
+  // it and told the operator the boundary itself was unreachable (new-user trial).
+  EXPECT_GE(std::chrono::duration_cast<std::chrono::milliseconds>(kTunnelOpenTimeout),
+            sambox::kConnectTimeout + std::chrono::seconds(3));
 }
 
 TEST(BoundaryTest, ResponseStatus) {
