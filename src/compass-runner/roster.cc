@@ -395,7 +395,19 @@ int resizeAgent(const ResizeOptions& opts) {
     say("resize: agent " + opts.id + " (tier " + rec->tier + "): " + e.what());
     return 1;
   }
-  (void)std::fprintf(stderr, "compass-runner: resized agent %s\n", opts.id.c_str());
+  // What is now in force, as the cgroup holds it (podman inspect keeps the start's values).
+  std::string set;
+  const Resources& r = opts.resources;
+  auto add = [&set](const std::string& what) { set += (set.empty() ? "" : ", ") + what; };
+  if (r.memory_bytes) add("memory " + std::to_string(*r.memory_bytes) + " bytes");
+  if (r.cpus) {
+    char cpus[32];
+    (void)std::snprintf(cpus, sizeof cpus, "%g", *r.cpus);
+    add(std::string("cpus ") + cpus);
+  }
+  if (r.pids) add("pids " + std::to_string(*r.pids));
+  (void)std::fprintf(stderr, "compass-runner: resized agent %s: %s\n", opts.id.c_str(),
+                     set.c_str());
   return 0;
 }
 

@@ -447,6 +447,9 @@ exec python3 -c 'b = b"x" * (256 << 20); print("allocated")'
             assert _cgroup(pid, controller).joinpath(name).read_text().strip() == before, name
         r = runner("resize", live.id, "--memory", "64m", "--pids", "50", "--cpus", "0.5")
         assert r.returncode == 0, r.stderr
+        # It says what is now in force (podman inspect keeps showing the start's limits).
+        assert f"resized agent {live.id}: memory 67108864 bytes, cpus 0.5, pids 50" in r.stderr, \
+            r.stderr
         for (controller, name), (_, after) in limits.items():
             assert _cgroup(pid, controller).joinpath(name).read_text().strip() == after, name
         os.kill(live.record["pid"], signal.SIGUSR1)
