@@ -19,6 +19,7 @@
 
 #include "common/unique_fd.h"
 #include "compass-runner/backend.h"
+#include "compass-runner/podman_cli.h"
 #include "compass-runner/process.h"
 #include "policy/name.h"
 
@@ -400,11 +401,7 @@ int resizeAgent(const ResizeOptions& opts) {
   const Resources& r = opts.resources;
   auto add = [&set](const std::string& what) { set += (set.empty() ? "" : ", ") + what; };
   if (r.memory_bytes) add("memory " + std::to_string(*r.memory_bytes) + " bytes");
-  if (r.cpus) {
-    char cpus[32];
-    (void)std::snprintf(cpus, sizeof cpus, "%g", *r.cpus);
-    add(std::string("cpus ") + cpus);
-  }
+  if (r.cpus) add("cpus " + podman::cpusFlag(*r.cpus));  // as `podman update --cpus` was given it
   if (r.pids) add("pids " + std::to_string(*r.pids));
   (void)std::fprintf(stderr, "compass-runner: resized agent %s: %s\n", opts.id.c_str(),
                      set.c_str());
