@@ -15,6 +15,16 @@ taken inside the guest):
 - microvm: `compass-runner run --backend microvm --accel A -- echo MARKER` (sam-box, the
            cached erofs root, the initramfs, modules, overlay, switch_root, nano-init, the
            agent; the marker arrives through the guest's stdout port).
+- floor:   the plain boot's QEMU with the tier's disk (the cached erofs root) and virtio-serial
+           device added, and an /init that does only what any launch step must do with this
+           Debian kernel before an agent can run: stage 1's early mounts, `modprobe -a` of the
+           modules the tier needs (the cloud kernel has virtio-mmio, virtio-blk,
+           virtio-console, erofs, overlay and tun as modules), and the root mounted (erofs and
+           the tmpfs overlay); then the agent's own command run from that root (`chroot /newroot
+           echo MARKER`: its binary and libc read from the image's disk and loaded, as the
+           agent's are). No nano-init, no user switch, nothing on the host.
+           floor / plain is the least the tier can add on this kernel and accelerator;
+           microvm / floor is what the tier adds beyond that.
 - firewall: the same with `--egress firewall` (netns, veth, bridge, tap, host table and DNS
            forwarder on the host; 13 more modules, `nft -f` and eth0 in the guest; the agent
            under `nano-init supervise`). `--no-firewall` leaves it out.
@@ -49,6 +59,19 @@ PLAIN_INIT = f"""#!/bin/busybox sh
 /bin/busybox mount -t proc proc /proc
 echo {MARKER} > /dev/console
 /bin/busybox poweroff -f
+"""
+# Stage 1 of the launch step (src/compass-runner/microvm_guest_scripts.cc) cut to what it cannot
+# do without (the same fstab files and module list, from the same base initramfs), then the
+# agent's command from the root, as the microvm case runs it.
+FLOOR_INIT = f"""#!/bin/busybox sh
+B=/bin/busybox
+$B mount -a -T /etc/fstab.early || exit 1
+read -r modules < /lib/modules/order
+$B modprobe -a $modules || exit 1
+until [ -b /dev/vda ]; do $B usleep 10000; done
+$B mkdir /rw/upper /rw/work && $B mount -a -T /etc/fstab.root || exit 1
+$B chroot /newroot echo {MARKER}
+$B poweroff -f
 """
 
 
@@ -114,7 +137,7 @@ def main():
 
     dashes = run_argv.index("--")
     fw_argv = run_argv[:dashes] + ["--egress", "firewall"] + run_argv[dashes:]
-    cases = [("plain", None), ("microvm", run_argv)]
+    cases = [("plain", None), ("floor", None), ("microvm", run_argv)]
     if not args.no_firewall:
         cases.append(("firewall", fw_argv))
 
@@ -125,12 +148,16 @@ def main():
         timed(fw_argv, env)
     bases = sorted(glob.glob(str(CACHE / "initramfs-*.cpio")), key=os.path.getmtime)
     kernels = sorted(glob.glob(str(KERNEL_DIR / "boot/vmlinuz-*")))
-    if not bases or not kernels:
-        sys.exit("microvm_bench: no cached initramfs or guest kernel (run install-deps)")
-    with tempfile.NamedTemporaryFile(suffix=".cpio", delete=False) as f:
-        f.write(pathlib.Path(bases[-1]).read_bytes())
-        f.write(newc([("init", 0o100755, PLAIN_INIT.encode())]))
-        plain_initrd = f.name
+    roots = sorted(glob.glob(str(CACHE / "rootfs-*.erofs")), key=os.path.getmtime)
+    if not bases or not kernels or not roots:
+        sys.exit("microvm_bench: no cached initramfs, root image or guest kernel "
+                 "(run install-deps, then compass-runner image build)")
+    initrds = {}
+    for name, init in (("plain", PLAIN_INIT), ("floor", FLOOR_INIT)):
+        with tempfile.NamedTemporaryFile(suffix=".cpio", delete=False) as f:
+            f.write(pathlib.Path(bases[-1]).read_bytes())
+            f.write(newc([("init", 0o100755, init.encode())]))
+            initrds[name] = f.name
     tcg = args.accel == "tcg"
     append = "console=ttyS0 quiet panic=-1 reboot=t rdinit=/init"
     if tcg:
@@ -138,9 +165,15 @@ def main():
     plain_argv = ["qemu-system-x86_64", "-M", "microvm,pit=on,pic=on,rtc=on,isa-serial=on",
                   "-accel", args.accel, "-cpu", "qemu64" if tcg else "host", "-m", "512M",
                   "-smp", "1", "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
-                  "-kernel", kernels[-1], "-initrd", plain_initrd, "-append", append,
+                  "-kernel", kernels[-1], "-initrd", initrds["plain"], "-append", append,
                   "-serial", "stdio"]
+    floor_argv = plain_argv[:plain_argv.index("-initrd") + 1] + [initrds["floor"]] + \
+        plain_argv[plain_argv.index("-initrd") + 2:] + [
+            "-drive", f"if=none,id=root,format=raw,readonly=on,file={roots[-1]}",
+            "-device", "virtio-blk-device,drive=root",
+            "-device", "virtio-serial-device,max_ports=8"]
     cases[0] = ("plain", plain_argv)
+    cases[1] = ("floor", floor_argv)
     samples = {name: [] for name, _ in cases}
     totals = {name: [] for name, _ in cases}
     try:
@@ -153,7 +186,8 @@ def main():
                 print(f"round {i + 1}: {name:8s} marker {marker:8.0f} ms  exit {total:8.0f} ms",
                       flush=True)
     finally:
-        os.unlink(plain_initrd)
+        for path in initrds.values():
+            os.unlink(path)
     plain, vm = summarize(samples["plain"]), summarize(samples["microvm"])
     ratio = vm["median_ms"] / plain["median_ms"]
     verdict = "PASS" if ratio <= TARGET_RATIO else "MISS"
@@ -163,6 +197,13 @@ def main():
     print(f"microvm launch → agent exec: median {vm['median_ms']:.0f} ms "
           f"(min {vm['min_ms']:.0f}, max {vm['max_ms']:.0f})")
     print(f"ratio {ratio:.2f} (target ≤ {TARGET_RATIO}): {verdict}")
+    floor = summarize(samples["floor"])
+    floor["ratio"] = round(floor["median_ms"] / plain["median_ms"], 3)
+    floor["microvm_over_floor"] = round(vm["median_ms"] / floor["median_ms"], 3)
+    print(f"floor (modules, root mount, the agent's exec) to marker: median {floor['median_ms']:.0f} ms "
+          f"(min {floor['min_ms']:.0f}, max {floor['max_ms']:.0f}); {floor['ratio']:.2f}× plain, "
+          f"so the tier adds {vm['median_ms'] - floor['median_ms']:.0f} ms "
+          f"({floor['microvm_over_floor']:.2f}×) beyond it")
     fw = None
     if samples.get("firewall"):
         fw = summarize(samples["firewall"])
@@ -180,7 +221,7 @@ def main():
                                "target": TARGET_RATIO, "verdict": verdict,
                                "plain_exit": summarize(totals["plain"]),
                                "microvm_exit": summarize(totals["microvm"]),
-                               "firewall": fw,
+                               "firewall": fw, "floor": floor,
                                "load_avg": os.getloadavg()}, indent=2) + "\n")
     print(f"results: {out}")
 
