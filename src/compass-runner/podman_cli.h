@@ -94,8 +94,8 @@ std::string runChecked(const std::string& what, const std::string& conf,
 /// True if the container exists (any state).
 bool containerExists(const std::string& conf, const std::string& name);
 
-/// `podman rm -f -v -t 0 --ignore` (anonymous volumes too), then checks it is gone. Returns false
-/// (never throws) if it is still there.
+/// `podman rm -f -v -t 0 --ignore` (anonymous volumes too); if that fails, checks whether the
+/// container is gone all the same. Returns false (never throws) if it is still there.
 bool removeContainer(const std::string& conf, const std::string& name) noexcept;
 
 /// The agent ids of every container labelled compass.agent (any state).
