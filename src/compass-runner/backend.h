@@ -94,6 +94,27 @@ auto step(const char* name, F&& f) {
   }
 }
 
+/// Runs each of a preflight's `checks` (look-ups that throw RunnerError naming what is missing)
+/// and throws one error naming every failure, joined by "; ", so the operator installs
+/// everything missing at once rather than one thing per attempt: a SpecRefused if any check
+/// threw one (the request is refused), else a RunnerError. A StoppedBeforeStart passes at once.
+inline void checkAll(const std::vector<std::function<void()>>& checks) {
+  std::string failures;
+  bool refused = false;
+  for (const auto& check : checks) {
+    try {
+      check();
+    } catch (const StoppedBeforeStart&) {
+      throw;
+    } catch (const std::exception& e) {
+      refused = refused || dynamic_cast<const SpecRefused*>(&e) != nullptr;
+      failures += (failures.empty() ? "" : "; ") + std::string(e.what());
+    }
+  }
+  if (refused) throw SpecRefused(failures);
+  if (!failures.empty()) throw RunnerError(failures);
+}
+
 /// How egress is held (seed 002 "Egress"; DESIGN.md "Two egress mechanisms").
 enum class Posture { kBoundary, kFirewall, kUnenforced };
 /// "boundary", "firewall", "unenforced" (the roster's words).

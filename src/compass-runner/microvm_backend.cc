@@ -250,12 +250,16 @@ class MicrovmBackend final : public Backend {
       validate(spec);
       accel_ = accelOf(spec);
       boot_timeout_ = bootTimeout(accel_);
-      kernel = findGuestKernel();
-      busybox = findBusybox();
-      sam_box_bin = findSamBox();
-      nano_init_bin = podman::findNanoInit();
+      checkAll({[&] { kernel = findGuestKernel(); }, [&] { busybox = findBusybox(); },
+                [&] { sam_box_bin = findSamBox(); },
+                [&] { nano_init_bin = podman::findNanoInit(); }, [&] { q.qemu = findQemu(); },
+                [&] {
+                  if (posture(spec) == Posture::kFirewall) findProgram("nft");
+                },
+                [&] {
+                  if (posture(spec) == Posture::kFirewall) findProgram("ip");  // netns, bridge
+                }});
       cache = cacheDir();
-      q.qemu = findQemu();
     });
 
     const bool firewall = posture(spec) == Posture::kFirewall;

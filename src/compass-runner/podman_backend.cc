@@ -213,8 +213,15 @@ class PodmanBackend final : public Backend {
         image_ = spec.image.empty() ? image::kDefaultImage : spec.image;
         default_image_ = spec.image.empty();
       }
-      if (egress == Posture::kBoundary) sam_box_bin = findSamBox();
-      nano_init_bin = findNanoInit();
+      // Every program the start and the teardown run: `ip` removes the netns at the end.
+      checkAll({[] { findProgram("podman"); }, [] { findProgram("ip"); },
+                [&] {
+                  if (egress == Posture::kFirewall) findProgram("nft");
+                },
+                [&] {
+                  if (egress == Posture::kBoundary) sam_box_bin = findSamBox();
+                },
+                [&] { nano_init_bin = findNanoInit(); }});
     });
 
     // 2. The agent's own host ids, so container root is not host root.

@@ -286,3 +286,29 @@ def test_every_command_refuses_a_relative_state_root_as_a_usage_error(command, t
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert "COMPASS_STATE_DIR" in r.stderr and "not an absolute path" in r.stderr, r.stderr
     assert not (tmp_path / "relative").exists()
+
+
+@pytest.mark.parametrize("egress, missing", [
+    ("firewall", ["podman", "ip", "nft"]),
+    ("boundary", ["podman", "ip"]),
+])
+def test_preflight_names_every_missing_program_at_once(egress, missing, tmp_path):
+    """Without podman, ip and (egress firewall) nft on PATH, one start names all of them, so
+    the operator installs them in one go; and nothing is made (no netns) before it refuses."""
+    if os.geteuid() != 0:
+        pytest.skip("the podman tier runs as root")
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    netns = pathlib.Path("/run/netns")
+    before = set(netns.glob("compass-*")) if netns.exists() else set()
+    r = cli("run", "--backend", "podman", "--egress", egress, "--egress-allow", "x.example",
+            "--", "true", env={"PATH": str(empty), "TMPDIR": str(tmp_path)})
+    assert r.returncode == 70, (r.returncode, r.stderr)
+    lines = [l for l in r.stderr.splitlines() if "preflight:" in l]
+    assert len(lines) == 1, r.stderr
+    for program in missing:
+        assert f"cannot run {program}: not found on PATH" in lines[0], r.stderr
+    if egress == "boundary":
+        assert "cannot run nft" not in lines[0]
+    after = set(netns.glob("compass-*")) if netns.exists() else set()
+    assert after == before

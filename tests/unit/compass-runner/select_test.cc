@@ -87,5 +87,43 @@ TEST(StepMessage, NamesTheStepOnce) {
   EXPECT_EQ(stepMessage("x", ""), "x: ");
 }
 
+// A preflight says everything that is missing in one error, not one per attempt.
+TEST(CheckAll, NamesEveryFailureInOneError) {
+  int ran = 0;
+  try {
+    checkAll({[&] { ++ran; },
+              [&] {
+                ++ran;
+                throw RunnerError("cannot run podman");
+              },
+              [&] {
+                ++ran;
+                throw RunnerError("cannot run nft");
+              },
+              [&] { ++ran; }});
+    FAIL() << "no error";
+  } catch (const SpecRefused&) {
+    FAIL() << "no check refused the request";
+  } catch (const RunnerError& e) {
+    EXPECT_STREQ(e.what(), "cannot run podman; cannot run nft");
+  }
+  EXPECT_EQ(ran, 4);  // every check ran, also after the first failure
+}
+
+TEST(CheckAll, ARefusalAmongThemMakesItARefusal) {
+  EXPECT_THROW(checkAll({[] { throw RunnerError("cannot run ip"); },
+                         [] { throw SpecRefused("qemu-system-x86_64: not found"); }}),
+               SpecRefused);
+}
+
+TEST(CheckAll, AStopPassesAtOnceAndNothingFailingIsSilent) {
+  bool later = false;
+  EXPECT_THROW(checkAll({[] { throw StoppedBeforeStart(15); }, [&] { later = true; }}),
+               StoppedBeforeStart);
+  EXPECT_FALSE(later);
+  EXPECT_NO_THROW(checkAll({[] {}, [] {}}));
+  EXPECT_NO_THROW(checkAll({}));
+}
+
 }  // namespace
 }  // namespace runner
