@@ -162,18 +162,20 @@ def main():
     append = "console=ttyS0 quiet panic=-1 reboot=t rdinit=/init"
     if tcg:
         append += " tsc_early_khz=2000000 lpj=8000000"
-    plain_argv = ["qemu-system-x86_64", "-M", "microvm,pit=on,pic=on,rtc=on,isa-serial=on",
-                  "-accel", args.accel, "-cpu", "qemu64" if tcg else "host", "-m", "512M",
-                  "-smp", "1", "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
-                  "-kernel", kernels[-1], "-initrd", initrds["plain"], "-append", append,
-                  "-serial", "stdio"]
-    floor_argv = plain_argv[:plain_argv.index("-initrd") + 1] + [initrds["floor"]] + \
-        plain_argv[plain_argv.index("-initrd") + 2:] + [
-            "-drive", f"if=none,id=root,format=raw,readonly=on,file={roots[-1]}",
-            "-device", "virtio-blk-device,drive=root",
-            "-device", "virtio-serial-device,max_ports=8"]
-    cases[0] = ("plain", plain_argv)
-    cases[1] = ("floor", floor_argv)
+    def qemu_argv(initrd, *devices):
+        return ["qemu-system-x86_64", "-M", "microvm,pit=on,pic=on,rtc=on,isa-serial=on",
+                "-accel", args.accel, "-cpu", "qemu64" if tcg else "host", "-m", "512M",
+                "-smp", "1", "-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+                "-kernel", kernels[-1], "-initrd", initrd, "-append", append,
+                "-serial", "stdio", *devices]
+
+    cases[0] = ("plain", qemu_argv(initrds["plain"]))
+    # The tier's disk and virtio-serial device, as compass-runner gives them (microvm_qemu.cc).
+    cases[1] = ("floor", qemu_argv(
+        initrds["floor"],
+        "-drive", f"if=none,id=root,format=raw,readonly=on,file={roots[-1]}",
+        "-device", "virtio-blk-device,drive=root",
+        "-device", "virtio-serial-device,max_ports=8"))
     samples = {name: [] for name, _ in cases}
     totals = {name: [] for name, _ in cases}
     try:

@@ -245,6 +245,7 @@ class MicrovmBackend final : public Backend {
     QemuConfig q;
     GuestKernel kernel;
     std::string sam_box_bin, nano_init_bin, busybox, cache;
+    const bool firewall = posture(spec) == Posture::kFirewall;
 
     step("preflight", [&] {
       validate(spec);
@@ -254,15 +255,14 @@ class MicrovmBackend final : public Backend {
                 [&] { sam_box_bin = findSamBox(); },
                 [&] { nano_init_bin = podman::findNanoInit(); }, [&] { q.qemu = findQemu(); },
                 [&] {
-                  if (posture(spec) == Posture::kFirewall) findProgram("nft");
+                  if (firewall) findProgram("nft");
                 },
                 [&] {
-                  if (posture(spec) == Posture::kFirewall) findProgram("ip");  // netns, bridge
+                  if (firewall) findProgram("ip");  // netns, bridge
                 }});
       cache = cacheDir();
     });
 
-    const bool firewall = posture(spec) == Posture::kFirewall;
     std::string fw_layer;
     if (firewall) {
       // The netns and its bridge to the guest's tap, the host table and the DNS forwarder; the

@@ -139,8 +139,9 @@ bool containerExists(const std::string& conf, const std::string& name) {
 bool removeContainer(const std::string& conf, const std::string& name) noexcept {
   try {
     // With --ignore, podman-rm(1) exits 0 once no such container exists: removed now, or
-    // already (by `podman run --rm`'s own clean-up, which holds the container's lock while it
-    // removes it). Only a failure needs the second podman start (about 80 ms) to tell.
+    // gone already. Only a failure needs the second podman start (about 80 ms) to tell: an
+    // rm racing podman's own clean-up of the exited container can fail on its busy shm mount
+    // and still leave it removed.
     if (run(conf, {"rm", "--force", "--volumes", "--time", "0", "--ignore", name}).status == 0) {
       return true;
     }
