@@ -2,7 +2,10 @@
 // `podman import` it. Every program runs through process.h.
 #include "compass-runner/image.h"
 
+#include <fcntl.h>
+#include <linux/openat2.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/unique_fd.h"
 #include "compass-runner/backend.h"
 #include "compass-runner/podman_cli.h"
 #include "compass-runner/podman_conf.h"
@@ -35,7 +39,7 @@ constexpr const char* kPackages =
     "curl,python3,nodejs,ca-certificates,dnsutils,iproute2,nftables,procps";
 
 void progress(const std::string& line) {
-  std::fprintf(stderr, "compass-runner image build: %s\n", line.c_str());
+  (void)std::fprintf(stderr, "compass-runner image build: %s\n", line.c_str());
 }
 
 // Mounts at or under `dir` (debootstrap mounts /proc and /sys in the target while it works;
@@ -70,10 +74,11 @@ class Scratch {
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   ~Scratch() {
-    auto mounts = mountsUnder(dir_);
-    for (auto it = mounts.rbegin(); it != mounts.rend(); ++it) {
+    const auto mounts = mountsUnder(dir_);
+    const std::vector<std::string> innermost_first(mounts.rbegin(), mounts.rend());
+    for (const auto& mount : innermost_first) {
       try {
-        runCommand({"umount", "--lazy", *it});
+        runCommand({"umount", "--lazy", mount});
       } catch (const std::exception&) {
       }
     }
@@ -106,6 +111,42 @@ bool exists(const std::string& name) {
   if (r.status == 1) return false;
   throw RunnerError("podman image exists " + name + ": exit " + std::to_string(r.status) + ": " +
                     r.err);
+}
+
+bool isDirectoryIn(const std::string& root, const std::string& path) {
+  const common::UniqueFd dir(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!dir.valid()) throw RunnerError(root + ": " + std::strerror(errno));
+  open_how how{};
+  how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
+  how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
+  const std::string relative = path.empty() || path.front() != '/' ? path : path.substr(1);
+  const common::UniqueFd found(static_cast<int>(::syscall(
+      SYS_openat2, dir.get(), relative.empty() ? "." : relative.c_str(), &how, sizeof how)));
+  if (found.valid()) return true;
+  if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP) return false;
+  throw RunnerError(root + " " + path + ": " + std::strerror(errno));
+}
+
+bool hasDirectory(const std::string& name, const std::string& path) {
+  const std::string conf = podman::containersConfPath();
+  podman::writeContainersConf(conf);
+  const CommandResult mounted = podman::run(conf, {"image", "mount", name});
+  if (mounted.status != 0) {
+    throw RunnerError("podman image mount " + name + ": exit " + std::to_string(mounted.status) +
+                      ": " + mounted.err);
+  }
+  std::string root = mounted.out;
+  while (!root.empty() && (root.back() == '\n' || root.back() == ' ')) root.pop_back();
+  bool found = false;
+  std::exception_ptr failed;
+  try {
+    found = isDirectoryIn(root, path);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  podman::run(conf, {"image", "unmount", name});  // a leftover mount is only a mount count
+  if (failed) std::rethrow_exception(failed);
+  return found;
 }
 
 void build(const BuildOptions& opts) {

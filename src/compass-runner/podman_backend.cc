@@ -27,6 +27,7 @@
 #include "compass-runner/firewall.h"
 #include "compass-runner/image.h"
 #include "compass-runner/netns.h"
+#include "compass-runner/podman_checks.h"
 #include "compass-runner/podman_cli.h"
 #include "compass-runner/podman_conf.h"
 #include "compass-runner/podman_reap.h"
@@ -84,39 +85,7 @@ class PodmanBackend final : public Backend {
     const std::string conf = containersConfPath();
     writeContainersConf(conf);
     verifyNoPastaForwards(containersConfCandidates(std::getenv("CONTAINERS_CONF"), conf));
-    if (!spec.rootfs.empty()) {
-      struct stat st {};
-      if (::stat(spec.rootfs.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-        throw RunnerError("--rootfs " + spec.rootfs + ": not a directory");
-      }
-    }
-  }
-
-  // --sidecar-socket is for the agent's sam-box: it must name a socket that exists now (a
-  // typo would otherwise surface only inside the sandbox, as a refused mesh.sam.alt), only
-  // the boundary posture has a sam-box, and without a bundle the box asserts no identity,
-  // so the node would refuse every request.
-  static void validateSidecar(const AgentSpec& spec) {
-    if (spec.sidecar_socket.empty()) return;
-    if (spec.egress.value_or(Posture::kBoundary) == Posture::kFirewall) {
-      throw RunnerError(
-          "--sidecar-socket: egress firewall has no boundary to reach the node "
-          "through (mesh.sam.alt is served by sam-box); use --egress boundary");
-    }
-    struct stat st {};
-    if (::stat(spec.sidecar_socket.c_str(), &st) != 0) {
-      throw RunnerError("--sidecar-socket " + spec.sidecar_socket + ": " + std::strerror(errno) +
-                        " (start the node first: sam-node run --socket-path " +
-                        spec.sidecar_socket + " --config FILE)");
-    }
-    if (!S_ISSOCK(st.st_mode)) {
-      throw RunnerError("--sidecar-socket " + spec.sidecar_socket + ": not a Unix socket");
-    }
-    if (spec.bundle_path.empty()) {
-      throw RunnerError(
-          "--sidecar-socket needs --bundle: without an agent identity the boundary refuses "
-          "mesh.sam.alt (no-agent-identity), so the node could never be reached");
-    }
+    checkRootfs(spec);
   }
 
   Started start(const AgentSpec& spec) override {
@@ -203,15 +172,12 @@ class PodmanBackend final : public Backend {
       conf_ = containersConfPath();
       writeContainersConf(conf_);
       verifyNoPastaForwards(containersConfCandidates(std::getenv("CONTAINERS_CONF"), conf_));
-      if (!spec.rootfs.empty()) {
-        struct stat st {};
-        if (::stat(spec.rootfs.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-          throw RunnerError("--rootfs " + spec.rootfs + ": not a directory");
-        }
-      } else {
+      checkRootfs(spec);
+      if (spec.rootfs.empty()) {
         // Whether it exists is left to `podman run --pull never` (see validate()).
         image_ = spec.image.empty() ? image::kDefaultImage : spec.image;
         default_image_ = spec.image.empty();
+        workdir_ = spec.workdir;
       }
       // Every program the start and the teardown run: `ip` removes the netns at the end.
       checkAll({[] { findProgram("podman"); }, [] { findProgram("ip"); },
@@ -508,7 +474,10 @@ class PodmanBackend final : public Backend {
           return pid;
         }
         const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (code == kPodmanError) refuseIfImageMissing();
+        // What podman's failure means for the request (podman_checks.h): asked only on this
+        // failure path, so a start that succeeds never pays for another podman process.
+        if (code == kPodmanError) refuseIfImageMissing(image_, default_image_);
+        if (code == kPodmanCannotInvoke) refuseIfWorkdirMissing(image_, workdir_);
         throw RunnerError("podman could not start the container (exit " + std::to_string(code) +
                           "; podman's message is above)");
       }
@@ -518,23 +487,6 @@ class PodmanBackend final : public Backend {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-  }
-
-  // `podman run` failed before the container started: if the image is the reason, say so as
-  // validate() says any other refusal. Asked only on this failure path, so a start that
-  // succeeds never pays for a second podman process.
-  void refuseIfImageMissing() const {
-    if (image_.empty()) return;  // --rootfs
-    bool missing = false;
-    try {
-      missing = !image::exists(image_);
-    } catch (const std::exception& e) {
-      note(std::string("could not tell whether the image exists: ") + e.what());
-    }
-    if (!missing) return;
-    throw SpecRefused("--image " + image_ + ": no such image" +
-                      (default_image_ ? "; run `compass-runner image build` first"
-                                      : " (no registry is reachable: build or import it)"));
   }
 
   static bool stillRuncInit(pid_t pid) {
@@ -591,6 +543,7 @@ class PodmanBackend final : public Backend {
   std::string conf_;
   std::string image_;
   bool default_image_ = false;  // no --image: the refusal says how to build it
+  std::string workdir_;         // --workdir with an image (refuseIfWorkdirMissing())
   std::string container_;
   std::string netns_;
   std::string metrics_addr_;

@@ -27,6 +27,9 @@ inline constexpr const char* kSandboxNanoInit = "/run/sam/nano-init";
 /// podman's exit status when podman itself failed (bad flag, no such image), not the
 /// container's command (podman-run(1), "Exit Status").
 inline constexpr int kPodmanError = 125;
+/// podman run's exit status when the container's command could not be invoked (podman-run(1)
+/// "Exit Status": 126), e.g. a --workdir the image does not hold.
+inline constexpr int kPodmanCannotInvoke = 126;
 /// The pids limit when --pids is not given (same as our containers.conf's pids_limit).
 inline constexpr uint64_t kDefaultPids = 2048;
 

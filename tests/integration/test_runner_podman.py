@@ -566,6 +566,33 @@ def test_a_missing_image_found_by_podman_run_is_refused_and_leaves_nothing(image
         assert _left_by(r.pid, before) == {}, (egress, r.stderr)
 
 
+def test_a_workdir_the_image_or_rootfs_lacks_is_refused_and_leaves_nothing(image, runner_hosts):
+    """--workdir names a directory of the agent's root file system. One the image lacks (or that
+    is a file there) is found by `podman run` itself, exit 126, and then refused as the request's
+    fault (exit 2, naming the flag), like a missing image; the agent never ran and nothing is
+    left. With --rootfs it is refused before anything is made, and a host directory reached by
+    a link in the rootfs does not count."""
+    missing = f"/nonexistent-{secrets.token_hex(4)}"
+    for egress, workdir in (("boundary", missing), ("firewall", "/etc/passwd")):
+        before = set(_agent_traces())
+        r = run_agent_pid("pwd", extra=("--workdir", workdir, "--egress", egress))
+        assert r.returncode == 2, (egress, r.stderr)
+        assert (f"refusing to start: --workdir {workdir}: no such directory in image "
+                "localhost/compass-agent:latest") in r.stderr, r.stderr
+        assert not re.search(r"agent \S+ running", r.stderr), r.stderr
+        assert r.stdout == "", r.stdout  # pwd never ran
+        assert _left_by(r.pid, before) == {}, (egress, r.stderr)
+    with tempfile.TemporaryDirectory() as root:
+        pathlib.Path(root, "etc").mkdir()
+        pathlib.Path(root, "tmp-link").symlink_to("/tmp")  # /tmp is the host's, not the root's
+        for workdir in (missing, "/tmp-link"):
+            before = set(_agent_traces())
+            r = run_agent_pid("pwd", extra=("--rootfs", root, "--workdir", workdir))
+            assert r.returncode == 2, r.stderr
+            assert f"--workdir {workdir}: no such directory in --rootfs {root}" in r.stderr
+            assert _left_by(r.pid, before) == {}, r.stderr
+
+
 @pytest.fixture(scope="module")
 def issuer(tmp_path_factory):
     """A local HTTPS OIDC issuer on 127.0.0.1 (oidc_issuer.py), for --credential-issuer."""
