@@ -123,7 +123,7 @@ bool isDirectoryIn(const std::string& root, const std::string& path) {
   const common::UniqueFd found(static_cast<int>(::syscall(
       SYS_openat2, dir.get(), relative.empty() ? "." : relative.c_str(), &how, sizeof how)));
   if (found.valid()) return true;
-  if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP) return false;
+  if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP || errno == ENAMETOOLONG) return false;
   throw RunnerError(root + " " + path + ": " + std::strerror(errno));
 }
 

@@ -26,8 +26,8 @@ bool exists(const std::string& name);
 /// True if `path` (absolute, as `--workdir` takes it) names a directory inside the root file
 /// system at `root`, every symlink on the way resolved as if `root` were `/` (openat2(2)
 /// RESOLVE_IN_ROOT), so an image's absolute links never lead to the host's files. False if it
-/// is missing or not a directory; throws RunnerError for any other failure (`root` unreadable,
-/// a kernel before 5.6).
+/// is missing, not a directory, a symlink loop or too long a name; throws RunnerError for any
+/// other failure (`root` unreadable, a kernel before 5.6).
 bool isDirectoryIn(const std::string& root, const std::string& path);
 
 /// isDirectoryIn() over image `name`'s file system: mounts it read-only for the check (`podman

@@ -8,6 +8,7 @@
 #include <exception>
 
 #include "compass-runner/image.h"
+#include "compass-runner/podman_cli.h"
 
 namespace runner::podman {
 
@@ -34,13 +35,37 @@ void validateSidecar(const AgentSpec& spec) {
   }
 }
 
+namespace {
+
+// Directories the container runtime makes or mounts in every container, whatever its root
+// holds: the kernel's file systems, /run (podman's .containerenv) and the runner's own
+// /run/sam. Whether a --workdir in them exists is left to podman.
+bool madeByTheRuntime(const std::string& workdir) {
+  std::string dir = workdir;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  for (const char* top : {"/dev", "/proc", "/sys"}) {
+    const std::string t(top);
+    if (dir == t || dir.rfind(t + "/", 0) == 0) return true;
+  }
+  return dir == "/run" || dir == kSandboxBoundaryDir;
+}
+
+}  // namespace
+
 void checkRootfs(const AgentSpec& spec) {
   if (spec.rootfs.empty()) return;
   struct stat st {};
   if (::stat(spec.rootfs.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     throw RunnerError("--rootfs " + spec.rootfs + ": not a directory");
   }
-  if (!spec.workdir.empty() && !image::isDirectoryIn(spec.rootfs, spec.workdir)) {
+  if (spec.workdir.empty() || madeByTheRuntime(spec.workdir)) return;
+  bool found = false;
+  try {
+    found = image::isDirectoryIn(spec.rootfs, spec.workdir);
+  } catch (const std::exception& e) {
+    throw RunnerError("--workdir: cannot look it up in --rootfs: " + std::string(e.what()));
+  }
+  if (!found) {
     throw RunnerError("--workdir " + spec.workdir + ": no such directory in --rootfs " +
                       spec.rootfs);
   }

@@ -17,7 +17,9 @@ namespace runner::podman {
 void validateSidecar(const AgentSpec& spec);
 
 /// --rootfs DIR is a directory, and --workdir (if any) a directory inside it, symlinks resolved
-/// within DIR (image.h isDirectoryIn()). Nothing without --rootfs. Throws RunnerError.
+/// within DIR (image.h isDirectoryIn()); a --workdir in what the runtime makes in every
+/// container (/dev, /proc, /sys and below, /run, /run/sam) is left to podman. Nothing without
+/// --rootfs. Throws RunnerError naming the flag.
 void checkRootfs(const AgentSpec& spec);
 
 /// After `podman run --pull never` exited 125 (podman-run(1)): throws SpecRefused("--image …:

@@ -152,6 +152,7 @@ def test_bad_memory_is_refused_naming_the_flag(value):
     ("--pids", "1"), ("--pids", "1.5"), ("--egress-allow", "x.test:80:80"),
     ("--egress-allow", "Mesh.Sam.Alt."), ("--egress", "open"), ("--egress-allow", "10.0.0.1"),
     ("--egress-allow", "*"), ("--egress-allow", "bad_name.example"), ("--workdir", "relative"),
+    ("--workdir", "/../../tmp"), ("--workdir", "/tmp/.."),
     ("--rootfs", "/nonexistent-rootfs"), ("--bundle", "/nonexistent.yaml"),
 ])
 def test_bad_values_are_refused_naming_the_flag(flag, value):

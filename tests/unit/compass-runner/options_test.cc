@@ -289,6 +289,20 @@ TEST(RunOptionsTest, WorkdirMustBeAbsolute) {
             std::string::npos);
 }
 
+// podman would join a `..` to the root's host path before cleaning it (looking outside the
+// agent's root): refused wherever it stands; names that merely hold two dots are directories.
+TEST(RunOptionsTest, WorkdirWithADotDotComponentIsRefused) {
+  for (const char* w :
+       {"/..", "/../tmp", "/../../l", "/tmp/..", "/tmp/../", "/a/../b", "//..//x"}) {
+    EXPECT_NE(refusal({"run", "--workdir", w, "--", "true"}).find("must not contain \"..\""),
+              std::string::npos)
+        << w;
+  }
+  for (const char* w : {"/...", "/..a", "/a..", "/a/..b/", "/tmp/.", "//tmp//"}) {
+    EXPECT_EQ(asRun(parse({"run", "--workdir", w, "--", "true"})).spec.workdir, w) << w;
+  }
+}
+
 TEST(RunOptionsTest, Limits) {
   const auto c = parse({"run", "--memory", "512m", "--cpus", "0.5", "--pids", "100", "--", "true"});
   const auto& r = asRun(c).spec.resources;
