@@ -511,13 +511,26 @@ class PodmanBackend final : public Backend {
       std::lock_guard lock(stop_mutex_);
       running_ = false;
     }
-    if (!removeContainer(conf_, container_)) {
-      note("teardown: container " + container_ + " is still there (run `compass-runner gc`)");
+    // The container's removal (a whole podman start) runs beside the egress's own teardown,
+    // which opens nothing to an agent still being killed: the firewall's removes the veth, the
+    // netns's only way out, before any table that filters it, and without sam-box nano-init
+    // has nowhere to relay to. What the container may still use (its rootfs overlay, its netns,
+    // its host ids) goes only once it is gone.
+    std::future<bool> removed;
+    try {
+      removed = std::async(std::launch::async, [conf = conf_, name = container_] {
+        return removeContainer(conf, name);
+      });
+    } catch (const std::system_error&) {
+      // no thread to spare: removed in turn below
     }
-    if (!unmountRootfs(id_, state_dir_)) note("teardown: the --rootfs overlay is still mounted");
     sam_box_.stop();
     teardownEgress();
     tun_.reset();
+    if (!(removed.valid() ? removed.get() : removeContainer(conf_, container_))) {
+      note("teardown: container " + container_ + " is still there (run `compass-runner gc`)");
+    }
+    if (!unmountRootfs(id_, state_dir_)) note("teardown: the --rootfs overlay is still mounted");
     removeNetns();
     releaseIds(id_);
     undo_.clear();
