@@ -219,12 +219,20 @@ void Socket::addVeth(const std::string& host, const std::string& peer, int peer_
   Message m(RTM_NEWLINK, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL);
   m.put(ifinfomsg{});
   m.attr(IFLA_IFNAME, host);
+  // One queue each way on both ends. A veth otherwise gets one per possible CPU and is then
+  // cut to one (veth_init_queues()), and each cut waits for an expedited RCU grace period
+  // (synchronize_net() under rtnl_lock) that every CPU must pass: in a 2-vCPU VM, while podman
+  // mounts the agent's container, whose own mounts wait for the same grace periods.
+  m.attr32(IFLA_NUM_TX_QUEUES, 1);
+  m.attr32(IFLA_NUM_RX_QUEUES, 1);
   const size_t linkinfo = m.begin(IFLA_LINKINFO);
   m.attr(IFLA_INFO_KIND, std::string("veth"));
   const size_t data = m.begin(IFLA_INFO_DATA);
   const size_t peer_info = m.begin(VETH_INFO_PEER);
   m.put(ifinfomsg{});
   m.attr(IFLA_IFNAME, peer);
+  m.attr32(IFLA_NUM_TX_QUEUES, 1);
+  m.attr32(IFLA_NUM_RX_QUEUES, 1);
   m.attr32(IFLA_NET_NS_FD, static_cast<uint32_t>(peer_netns_fd));
   m.end(peer_info);
   m.end(data);

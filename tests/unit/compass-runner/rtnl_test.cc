@@ -64,6 +64,12 @@ TEST_F(RtnlTest, VethAddressesLinkAndDefaultRoutesAsIpWouldMakeThem) {
   EXPECT_NE(links_a.find("va0@"), std::string::npos) << links_a;
   EXPECT_EQ(links_a.find("eth0"), std::string::npos) << "the peer went to the other netns";
   EXPECT_NE(ip(b_, {"-d", "-o", "link", "show", "eth0"}).find("veth"), std::string::npos);
+  // One queue each way on both ends, made so (not cut down to one after it is registered,
+  // which would wait for two expedited RCU grace periods under rtnl_lock).
+  EXPECT_NE(ip(a_, {"-d", "-o", "link", "show", "va0"}).find("numtxqueues 1 numrxqueues 1 "),
+            std::string::npos);
+  EXPECT_NE(ip(b_, {"-d", "-o", "link", "show", "eth0"}).find("numtxqueues 1 numrxqueues 1 "),
+            std::string::npos);
   const std::string addrs = ip(a_, {"-o", "addr", "show", "dev", "va0"});
   EXPECT_NE(addrs.find("inet 10.99.0.1/30"), std::string::npos) << addrs;
   EXPECT_NE(addrs.find("inet6 fd00:99::1/64"), std::string::npos) << addrs;
