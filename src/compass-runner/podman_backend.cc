@@ -514,8 +514,8 @@ class PodmanBackend final : public Backend {
     // The container's removal (a whole podman start) runs beside the egress's own teardown,
     // which opens nothing to an agent still being killed: the firewall's removes the veth, the
     // netns's only way out, before any table that filters it, and without sam-box nano-init
-    // has nowhere to relay to. What the container may still use (its rootfs overlay, its netns,
-    // its host ids) goes only once it is gone.
+    // has nowhere to relay to. What the container may still use (its rootfs overlay, its
+    // host ids) goes only once it is gone.
     std::future<bool> removed;
     try {
       removed = std::async(std::launch::async, [conf = conf_, name = container_] {
@@ -527,12 +527,17 @@ class PodmanBackend final : public Backend {
     sam_box_.stop();
     teardownEgress();
     tun_.reset();
-    if (!(removed.valid() ? removed.get() : removeContainer(conf_, container_))) {
-      note("teardown: container " + container_ + " is still there (run `compass-runner gc`)");
+    const bool gone = removed.valid() ? removed.get() : removeContainer(conf_, container_);
+    if (!gone) {
+      // Its host ids stay claimed (another agent must not get them while it may still run),
+      // and its rootfs stays mounted: gc retries the whole removal.
+      note("teardown: container " + container_ +
+           " is still there; its host ids stay claimed until `compass-runner gc` removes it");
+    } else if (!unmountRootfs(id_, state_dir_)) {
+      note("teardown: the --rootfs overlay is still mounted");
     }
-    if (!unmountRootfs(id_, state_dir_)) note("teardown: the --rootfs overlay is still mounted");
     removeNetns();
-    releaseIds(id_);
+    if (gone) releaseIds(id_);
     undo_.clear();
     torn_down_ = true;
   }

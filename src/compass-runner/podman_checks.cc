@@ -41,7 +41,10 @@ namespace {
 // holds: the kernel's file systems, /run (podman's .containerenv) and the runner's own
 // /run/sam. Whether a --workdir in them exists is left to podman.
 bool madeByTheRuntime(const std::string& workdir) {
-  std::string dir = workdir;
+  std::string dir;
+  for (const char c : workdir) {
+    if (c != '/' || dir.empty() || dir.back() != '/') dir += c;  // "//dev//" is "/dev/"
+  }
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   for (const char* top : {"/dev", "/proc", "/sys"}) {
     const std::string t(top);

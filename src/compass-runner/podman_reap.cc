@@ -21,13 +21,19 @@ void reapAgent(const std::string& conf, const std::string& id, std::string conta
                std::string ns, pid_t sam_box_pid, const std::string& state_dir) {
   if (container.empty()) container = netns::nameFor(id);
   if (ns.empty()) ns = netns::nameFor(id);
-  if (!removeContainer(conf, container)) note("gc: could not remove container " + container);
-  if (!unmountRootfs(id, state_dir)) note("gc: could not unmount the --rootfs overlay of " + id);
+  // A container that could not be removed may still run: its rootfs stays mounted and its
+  // host ids claimed (the next gc retries), so that no other agent is given them meanwhile.
+  const bool gone = removeContainer(conf, container);
+  if (!gone) {
+    note("gc: could not remove container " + container + "; its host ids stay claimed");
+  } else if (!unmountRootfs(id, state_dir)) {
+    note("gc: could not unmount the --rootfs overlay of " + id);
+  }
   const std::string socket = state_dir + "/" + kSocketFile;
   if (sam_box_pid > 0 && isSamBoxFor(sam_box_pid, socket)) killSamBox(sam_box_pid);
   firewall::reap(id);
   if (!netns::remove(ns)) note("gc: could not remove netns " + ns);
-  releaseIds(id);
+  if (gone) releaseIds(id);
 }
 
 void reapOrphanAgents(const std::string& conf, const std::vector<std::string>& live_ids) {
