@@ -145,7 +145,8 @@ def binary_id(path):
 
 def is_static(path):
     r = subprocess.run(["ldd", str(path)], capture_output=True, text=True, timeout=30)
-    return "not a dynamic executable" in (r.stdout + r.stderr)
+    out = r.stdout + r.stderr
+    return "not a dynamic executable" in out or "statically linked" in out  # static PIE: the 2nd
 
 
 def tool_version(cmd):
