@@ -244,13 +244,11 @@ void finishRun(RunOptions& run, const std::vector<std::string>& allow, bool allo
   }
   // podman joins --workdir to the root's path on the host before cleaning it, so a `..` that
   // climbs past `/` would be looked up (and accepted) outside the agent's root.
-  for (size_t at = 0; at < spec.workdir.size();) {
-    const size_t end = std::min(spec.workdir.find('/', at), spec.workdir.size());
-    if (spec.workdir.compare(at, end - at, "..") == 0) {
+  for (const auto& part : std::filesystem::path(spec.workdir)) {
+    if (part == "..") {
       throw RunnerError(quoted("--workdir", spec.workdir) +
                         ": must not contain \"..\" (name the directory itself)");
     }
-    at = end + 1;
   }
   if (!spec.sidecar_socket.empty() && spec.sidecar_socket.size() > kMaxUnixPath) {
     throw RunnerError(quoted("--sidecar-socket", spec.sidecar_socket) +

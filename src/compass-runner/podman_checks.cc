@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 
 #include "compass-runner/image.h"
 #include "compass-runner/podman_cli.h"
@@ -41,16 +42,15 @@ namespace {
 // holds: the kernel's file systems, /run (podman's .containerenv) and the runner's own
 // /run/sam. Whether a --workdir in them exists is left to podman.
 bool madeByTheRuntime(const std::string& workdir) {
-  std::string dir;
-  for (const char c : workdir) {
-    if (c != '/' || dir.empty() || dir.back() != '/') dir += c;  // "//dev//" is "/dev/"
+  std::string dir;  // without repeated or trailing slashes and "." ("//run/./sam/" is /run/sam)
+  std::string top;  // its first component
+  for (const auto& part : std::filesystem::path(workdir).relative_path()) {
+    if (part.empty() || part == ".") continue;
+    if (top.empty()) top = part.string();
+    dir += "/" + part.string();
   }
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  for (const char* top : {"/dev", "/proc", "/sys"}) {
-    const std::string t(top);
-    if (dir == t || dir.rfind(t + "/", 0) == 0) return true;
-  }
-  return dir == "/run" || dir == kSandboxBoundaryDir;
+  return top == "dev" || top == "proc" || top == "sys" || dir == "/run" ||
+         dir == kSandboxBoundaryDir;
 }
 
 }  // namespace
